@@ -1,0 +1,38 @@
+package org.pystatestore
+
+/**
+ * The control-plane contract between the JVM shim and the Python state worker.
+ *
+ * The Python worker implements this interface (Py4J callback); the JVM calls it. Every call carries
+ * small strings only: rows never cross Py4J (it encodes byte[] as text). Bulk data moves through
+ * Arrow IPC files whose paths are passed here. Every method returns a JSON object; a failure inside
+ * the worker is returned as `{"error": {"type": ..., "message": ...}}` rather than thrown, so that
+ * the JVM can tell a worker-side error (reported as is) from a dead worker (reported as such).
+ * The protocol is documented in docs/ARCHITECTURE.md.
+ */
+trait PythonStateService {
+
+  /** Returns `{"protocol": N, "pid": P, "backends": [...]}`. */
+  def hello(): String
+
+  /** Opens (or re-opens) a store from a JSON description; returns `{"handle": "..."}`. */
+  def openStore(storeJson: String): String
+
+  /**
+   * Writes the key/value pairs of `version` to `outPath` as an Arrow IPC stream with schema
+   * (key: binary, value: binary). Returns `{"numKeys", "bytes", "source", "loadMs"}`.
+   */
+  def load(handle: String, version: Long, outPath: String): String
+
+  /**
+   * Applies the changes in `changesPath` (Arrow IPC stream: op int8, key binary, value binary) to
+   * `baseVersion` and makes `baseVersion + 1` durable. Returns only once the manifest is written.
+   */
+  def commit(handle: String, baseVersion: Long, changesPath: String, attemptId: String): String
+
+  /** Applies retention and removes files no retained version needs. */
+  def maintenance(handle: String): String
+
+  /** Forgets the store's in-memory state (its files stay). */
+  def closeStore(handle: String): String
+}

@@ -1,0 +1,545 @@
+package org.pystatestore
+
+import java.io.File
+import java.util.UUID
+
+import scala.collection.mutable
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s._
+import org.json4s.jackson.JsonMethods.{compact, render}
+
+import org.apache.spark.TaskContext
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.execution.streaming.state.pystatestore.SparkInternals
+import org.apache.spark.sql.types.StructType
+
+/**
+ * Spark's entry point to pystatestore. Thin by design (DESIGN §2): it keeps committed versions in
+ * a JVM near-cache and the running version's writes in a buffer, so per-row calls never leave the
+ * JVM; loads, commits and maintenance go to the per-JVM Python worker, which owns durability.
+ */
+class PythonStateStoreProvider extends StateStoreProvider with Logging {
+  import PythonStateStoreProvider._
+
+  @volatile private var storeIdValue: StateStoreId = _
+  private var keySchema: StructType = _
+  private var valueSchema: StructType = _
+  private var prefixSpec: Option[PrefixKeySpec] = None
+  private var storeConf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
+  private var launchSpec: WorkerLaunchSpec = _
+  private var storeDescription: String = _
+  private var storeLocation: String = _
+
+  /** Worker generation in which `openStore` was last called for this store. */
+  private var openedInGeneration = -1
+  private var handle: String = _
+
+  /** Recent committed versions; persistent maps share structure, so keeping a few is cheap. */
+  private val cachedVersions = new mutable.LinkedHashMap[Long, VersionState]()
+  private var versionsInMemory = 2
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    this.storeIdValue = stateStoreId
+    this.keySchema = keySchema
+    this.valueSchema = valueSchema
+    this.storeConf = storeConfs
+    this.hadoopConf = hadoopConf
+    if (useColumnFamilies) {
+      throw SparkInternals.multipleColumnFamiliesNotSupported(
+        s"$ProviderName (store $stateStoreId; column families come in a later pystatestore release)")
+    }
+    if (useMultipleValuesPerKey) {
+      throw SparkInternals.unsupportedOperation("multiple values per key",
+        s"$ProviderName does not support multiple values per key yet (store $stateStoreId)")
+    }
+    prefixSpec = keyStateEncoderSpec match {
+      case PrefixKeyScanStateEncoderSpec(_, n) => Some(new PrefixKeySpec(keySchema, n))
+      case NoPrefixKeyStateEncoderSpec(_) => None
+      case other => throw SparkInternals.unsupportedOperation("key encoder",
+        s"$ProviderName does not support ${other.getClass.getSimpleName} yet (store $stateStoreId)")
+    }
+    versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
+    launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
+    val location = stateStoreId.storeCheckpointLocation()
+    storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
+    val opts = storeConfs.sqlConfs.collect {
+      case (k, v) if k.startsWith(WorkerLaunchSpec.ConfPrefix) =>
+        k.stripPrefix(WorkerLaunchSpec.ConfPrefix) -> JString(v)
+    }.toList
+    storeDescription = compact(render(JObject(
+      "storeDir" -> JString(storeLocation),
+      "operatorId" -> JLong(stateStoreId.operatorId),
+      "partitionId" -> JInt(stateStoreId.partitionId),
+      "storeName" -> JString(stateStoreId.storeName),
+      "keySchema" -> JString(keySchema.json),
+      "valueSchema" -> JString(valueSchema.json),
+      "minVersionsToRetain" -> JInt(storeConfs.minVersionsToRetain),
+      "options" -> JObject(opts))))
+  }
+
+  override def stateStoreId: StateStoreId = storeIdValue
+
+  override def getStore(version: Long, stateStoreCkptId: Option[String]): StateStore = {
+    rejectCheckpointIds(stateStoreCkptId)
+    new PythonStateStore(this, loadForTask(version))
+  }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
+    rejectCheckpointIds(uniqueId)
+    new PythonReadStateStore(this, loadForTask(version))
+  }
+
+  /** Reuses the read store's loaded version: no second load, and no lock to wait on. */
+  override def upgradeReadStoreToWriteStore(
+      readStore: ReadStateStore,
+      version: Long,
+      uniqueId: Option[String]): StateStore = readStore match {
+    case r: PythonReadStateStore if r.version == version && r.id == stateStoreId =>
+      rejectCheckpointIds(uniqueId)
+      new PythonStateStore(this, r.base)
+    case _ => getStore(version, uniqueId)
+  }
+
+  override def doMaintenance(): Unit = {
+    try {
+      val reply = callWorker(s"maintenance of store $describeStore")(_.maintenance(_))
+      logDebug(s"Maintenance of $describeStore: ${compact(render(reply))}")
+    } catch {
+      case NonFatal(e) => logWarning(s"Maintenance of $describeStore failed; will retry", e)
+    }
+  }
+
+  override def close(): Unit = {
+    synchronized { cachedVersions.clear() }
+    StateWorker.currentWorker.filter(w => w.isUsable && w.generation == openedInGeneration)
+      .foreach { w =>
+        try StateWorker.call(w, s"close of $describeStore")(_.closeStore(handle))
+        catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
+      }
+  }
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = AllCustomMetrics
+
+  override def toString: String = s"$ProviderName[$describeStore]"
+
+  // ---- internals used by the stores ----
+
+  private[pystatestore] def describeStore: String =
+    s"operator ${storeIdValue.operatorId}, partition ${storeIdValue.partitionId}, " +
+      s"store '${storeIdValue.storeName}' at $storeLocation"
+
+  private[pystatestore] def numKeyFields: Int = keySchema.length
+  private[pystatestore] def numValueFields: Int = valueSchema.length
+  private[pystatestore] def prefix: Option[PrefixKeySpec] = prefixSpec
+
+  private def rejectCheckpointIds(id: Option[String]): Unit = if (id.isDefined) {
+    throw SparkInternals.checkpointIdsNotSupported(
+      s"$ProviderName does not support checkpointFormatVersion 2 yet (store $describeStore); " +
+        "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
+  }
+
+  /** Loads `version` for a task; any failure becomes Spark's CANNOT_LOAD_STATE_STORE. */
+  private def loadForTask(version: Long): LoadedVersion = {
+    try {
+      if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
+      loadVersion(version)
+    } catch {
+      case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
+    }
+  }
+
+  private def loadVersion(version: Long): LoadedVersion = {
+    val cached = synchronized { cachedVersions.get(version) }
+    cached match {
+      case Some(state) => LoadedVersion(state, LoadMetrics.fromCache)
+      case None if version == 0 =>
+        LoadedVersion(VersionState.empty(0, prefixSpec.isDefined), LoadMetrics.fromCache)
+      case None => loadFromWorker(version)
+    }
+  }
+
+  private def loadFromWorker(version: Long): LoadedVersion = {
+    val started = System.nanoTime()
+    val worker = StateWorker.acquire(launchSpec)
+    val file = new File(worker.exchangeDir, s"load-${UUID.randomUUID()}.arrow")
+    try {
+      val reply = callWorker(worker, s"load of $describeStore version $version") { (svc, h) =>
+        svc.load(h, version, file.getAbsolutePath)
+      }
+      val prefixOf = prefixSpec.map { spec =>
+        val proj = spec.newProjection()
+        (k: UnsafeRow) => proj(k).copy()
+      }
+      val rows = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
+      ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
+      val state = VersionState.build(version, rows.iterator, prefixOf)
+      remember(state)
+      val workerMs = longField(reply, "loadMs")
+      LoadedVersion(state, LoadMetrics(
+        fromCache = false,
+        totalMs = (System.nanoTime() - started) / 1000000,
+        workerMs = workerMs,
+        bytesRead = longField(reply, "bytes")))
+    } finally file.delete()
+  }
+
+  /**
+   * Ships `buffer` to the worker as version `base.version + 1` and waits until it is durable.
+   * Returns the new near-cache version and the commit's metrics.
+   */
+  private[pystatestore] def commitVersion(
+      base: VersionState, buffer: WriteBuffer): (VersionState, Map[String, Long]) = {
+    val started = System.nanoTime()
+    val newVersion = base.version + 1
+    val puts = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
+    val deletes = mutable.ArrayBuffer.empty[UnsafeRow]
+    buffer.entries.forEach { (k, v) =>
+      if (v eq WriteBuffer.Tombstone) { if (base.map.contains(k)) deletes += k }
+      else puts += (k -> v)
+    }
+    val worker = StateWorker.acquire(launchSpec)
+    val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
+    try {
+      val changes = puts.iterator.map { case (k, v) => (ArrowFrames.OpPut, k.getBytes, v.getBytes) } ++
+        deletes.iterator.map(k => (ArrowFrames.OpDelete, k.getBytes, null: Array[Byte]))
+      val frameBytes = ArrowFrames.writeChanges(file, changes)
+      val writtenAt = System.nanoTime()
+      val reply = callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
+        svc.commit(h, base.version, file.getAbsolutePath, attemptId())
+      }
+      val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
+        case Some(spec) =>
+          val proj = spec.newProjection()
+          (k: UnsafeRow) => proj(k).copy()
+        case None => _ => null
+      }
+      val state = base.applyChanges(newVersion, puts, deletes, prefixOf)
+      remember(state)
+      if (storeConf.commitValidationEnabled) {
+        StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf)
+      }
+      val done = System.nanoTime()
+      (state, Map(
+        MetricCommitMs -> (done - started) / 1000000,
+        MetricBridgeMs -> (writtenAt - started) / 1000000,
+        MetricWorkerCommitMs -> longField(reply, "commitMs"),
+        MetricBytesWritten -> longField(reply, "bytesWritten"),
+        MetricChangedRows -> (puts.size + deletes.size).toLong,
+        MetricFrameBytes -> frameBytes))
+    } finally file.delete()
+  }
+
+  private def remember(state: VersionState): Unit = synchronized {
+    cachedVersions.remove(state.version)
+    cachedVersions.put(state.version, state)
+    while (cachedVersions.size > versionsInMemory) cachedVersions.remove(cachedVersions.head._1)
+  }
+
+  private def callWorker(what: String)(f: (PythonStateService, String) => String): JValue =
+    callWorker(StateWorker.acquire(launchSpec), what)(f)
+
+  /** Opens the store in this worker generation if needed, then makes the call. */
+  private def callWorker(worker: RunningWorker, what: String)(
+      f: (PythonStateService, String) => String): JValue = {
+    val h = synchronized {
+      if (openedInGeneration != worker.generation) {
+        val reply = StateWorker.call(worker, s"open of $describeStore")(_.openStore(storeDescription))
+        handle = (reply \ "handle").asInstanceOf[JString].s
+        openedInGeneration = worker.generation
+      }
+      handle
+    }
+    StateWorker.call(worker, what)(svc => f(svc, h))
+  }
+
+  private def attemptId(): String = Option(TaskContext.get()).map { tc =>
+    s"stage${tc.stageId()}.${tc.stageAttemptNumber()}-task${tc.taskAttemptId()}.${tc.attemptNumber()}"
+  }.getOrElse(s"driver-${UUID.randomUUID()}")
+}
+
+/** A version handed to a store, with how it was obtained (for load metrics). */
+private[pystatestore] case class LoadedVersion(state: VersionState, load: LoadMetrics)
+
+private[pystatestore] case class LoadMetrics(
+    fromCache: Boolean, totalMs: Long, workerMs: Long, bytesRead: Long)
+
+private[pystatestore] object LoadMetrics {
+  val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L, 0L)
+}
+
+object PythonStateStoreProvider {
+  val ProviderName = "PythonStateStoreProvider"
+
+  val MetricCommitMs = "pystatestoreCommitMs"
+  val MetricBridgeMs = "pystatestoreBridgeMs"
+  val MetricWorkerCommitMs = "pystatestoreWorkerCommitMs"
+  val MetricBytesWritten = "pystatestoreBytesWritten"
+  val MetricChangedRows = "pystatestoreChangedRows"
+  val MetricFrameBytes = "pystatestoreFrameBytes"
+  val MetricLoadMs = "pystatestoreLoadMs"
+  val MetricLoadsFromWorker = "pystatestoreLoadsFromWorker"
+  val MetricLoadedBytes = "pystatestoreLoadedBytes"
+
+  val AllCustomMetrics: Seq[StateStoreCustomMetric] = Seq(
+    StateStoreCustomTimingMetric(MetricCommitMs,
+      "pystatestore: commit latency seen by the task (frame + worker)"),
+    StateStoreCustomTimingMetric(MetricBridgeMs,
+      "pystatestore: time to write the commit's Arrow frame in the JVM"),
+    StateStoreCustomTimingMetric(MetricWorkerCommitMs,
+      "pystatestore: time the Python worker took to make the version durable"),
+    StateStoreCustomSizeMetric(MetricBytesWritten,
+      "pystatestore: bytes written to checkpoint storage by commits"),
+    StateStoreCustomSumMetric(MetricChangedRows,
+      "pystatestore: rows put or deleted by commits"),
+    StateStoreCustomSizeMetric(MetricFrameBytes,
+      "pystatestore: bytes of Arrow change frames sent to the worker"),
+    StateStoreCustomTimingMetric(MetricLoadMs,
+      "pystatestore: time to load versions missing from the near-cache"),
+    StateStoreCustomSumMetric(MetricLoadsFromWorker,
+      "pystatestore: versions loaded through the Python worker"),
+    StateStoreCustomSizeMetric(MetricLoadedBytes,
+      "pystatestore: bytes read from checkpoint storage by loads"))
+
+  private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
+    val row = new UnsafeRow(numFields)
+    row.pointTo(bytes, bytes.length)
+    row
+  }
+
+  private[pystatestore] def longField(json: JValue, name: String): Long = json \ name match {
+    case JInt(v) => v.toLong
+    case JLong(v) => v
+    case JDouble(v) => v.toLong
+    case _ => 0L
+  }
+
+  private[pystatestore] def metricsMap(values: Map[String, Long]): Map[StateStoreCustomMetric, Long] =
+    AllCustomMetrics.map(m => m -> values.getOrElse(m.name, 0L)).toMap
+}
+
+/** Read-only view of one loaded version (Spark's ReadStateStore). */
+class PythonReadStateStore private[pystatestore] (
+    provider: PythonStateStoreProvider,
+    loaded: LoadedVersion) extends ReadStateStore {
+
+  private[pystatestore] def base: LoadedVersion = loaded
+
+  override def id: StateStoreId = provider.stateStoreId
+  override def version: Long = loaded.state.version
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    loaded.state.get(key)
+  }
+
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
+    throw StoreChecks.noMultipleValues(provider)
+
+  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
+      : StateStoreIterator[UnsafeRowPair] = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    StoreChecks.prefixEnabled(provider)
+    val pair = new UnsafeRowPair()
+    val st = loaded.state
+    new StateStoreIterator(st.keysWithPrefix(prefixKey).iterator.map(k => pair.withRows(k, st.get(k))))
+  }
+
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    val pair = new UnsafeRowPair()
+    new StateStoreIterator(loaded.state.map.iterator.map { case (k, v) => pair.withRows(k, v) })
+  }
+
+  override def abort(): Unit = ()
+  override def release(): Unit = ()
+  override def toString: String = s"PythonReadStateStore[${provider.describeStore}, version $version]"
+}
+
+/** A writable version: near-cache base + write buffer, committed through the Python worker. */
+class PythonStateStore private[pystatestore] (
+    provider: PythonStateStoreProvider,
+    loaded: LoadedVersion) extends StateStore {
+
+  private sealed trait Phase
+  private case object Updating extends Phase
+  private case object Committed extends Phase
+  private case object Aborted extends Phase
+
+  @volatile private var phase: Phase = Updating
+  private val base = loaded.state
+  private val buffer = new WriteBuffer(provider.prefix.isDefined)
+  private lazy val prefixProjection = provider.prefix.map(_.newProjection())
+  @volatile private var committed: VersionState = _
+  @volatile private var commitMetrics: Map[String, Long] = Map.empty
+
+  override def id: StateStoreId = provider.stateStoreId
+  override def version: Long = base.version
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    val pending = buffer.lookup(key)
+    if (pending == null) base.get(key)
+    else if (pending eq WriteBuffer.Tombstone) null
+    else pending
+  }
+
+  override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    require(value != null, "Cannot put a null value")
+    requireUpdating("put")
+    val keyCopy = key.copy()
+    buffer.put(keyCopy, value.copy(), prefixOf(keyCopy))
+  }
+
+  override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    requireUpdating("remove")
+    val keyCopy = key.copy()
+    buffer.put(keyCopy, WriteBuffer.Tombstone, prefixOf(keyCopy))
+  }
+
+  private def prefixOf(key: UnsafeRow): UnsafeRow = prefixProjection match {
+    case Some(p) => p.synchronized { p(key).copy() }
+    case None => null
+  }
+
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    // A point-in-time view of the buffer, so concurrent updates neither break nor hide entries.
+    val pending = new java.util.HashMap[UnsafeRow, UnsafeRow](buffer.entries)
+    val pair = new UnsafeRowPair()
+    val fromBuffer = pending.entrySet().iterator().asScala
+      .filterNot(_.getValue eq WriteBuffer.Tombstone).map(e => pair.withRows(e.getKey, e.getValue))
+    val fromBase = base.map.iterator.filter { case (k, _) => !pending.containsKey(k) }
+      .map { case (k, v) => pair.withRows(k, v) }
+    new StateStoreIterator(fromBuffer ++ fromBase)
+  }
+
+  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
+      : StateStoreIterator[UnsafeRowPair] = {
+    StoreChecks.defaultFamily(colFamilyName, provider)
+    StoreChecks.prefixEnabled(provider)
+    val pair = new UnsafeRowPair()
+    val pendingKeys = buffer.keysWithPrefix(prefixKey).toSet
+    val fromBuffer = pendingKeys.iterator.flatMap { k =>
+      val v = buffer.lookup(k)
+      if (v == null || (v eq WriteBuffer.Tombstone)) None else Some(pair.withRows(k, v))
+    }
+    val fromBase = base.keysWithPrefix(prefixKey).iterator.filterNot(pendingKeys.contains)
+      .map(k => pair.withRows(k, base.get(k)))
+    new StateStoreIterator(fromBuffer ++ fromBase)
+  }
+
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
+    throw StoreChecks.noMultipleValues(provider)
+  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
+    throw StoreChecks.noMultipleValues(provider)
+  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
+    throw StoreChecks.noMultipleValues(provider)
+  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
+    throw StoreChecks.noMultipleValues(provider)
+
+  override def removeColFamilyIfExists(colFamilyName: String): Boolean =
+    throw SparkInternals.removingColumnFamiliesNotSupported(PythonStateStoreProvider.ProviderName)
+
+  override def createColFamilyIfAbsent(
+      colFamilyName: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useMultipleValuesPerKey: Boolean,
+      isInternal: Boolean): Unit =
+    throw SparkInternals.multipleColumnFamiliesNotSupported(PythonStateStoreProvider.ProviderName)
+
+  override def commit(): Long = {
+    requireUpdating("commit")
+    try {
+      val (state, metrics) = provider.commitVersion(base, buffer)
+      committed = state
+      commitMetrics = metrics
+      phase = Committed
+      state.version
+    } catch {
+      case NonFatal(e) => throw SparkInternals.failedToCommitStateFileError(toString, e)
+    }
+  }
+
+  override def abort(): Unit = {
+    // Nothing reached the worker unless commit() was called; a failed commit cleans up after itself.
+    if (phase != Committed) {
+      phase = Aborted
+      buffer.entries.clear()
+    }
+  }
+
+  override def release(): Unit = abort()
+
+  override def hasCommitted: Boolean = phase == Committed
+
+  override def metrics: StateStoreMetrics = {
+    val state = committed
+    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes) else {
+      var n = base.numKeys
+      buffer.entries.forEach { (k, v) =>
+        val inBase = base.map.contains(k)
+        if ((v eq WriteBuffer.Tombstone) && inBase) n -= 1
+        else if (!(v eq WriteBuffer.Tombstone) && !inBase) n += 1
+      }
+      (n, base.memoryBytes)
+    }
+    val load = loaded.load
+    val loadValues = Map(
+      PythonStateStoreProvider.MetricLoadMs -> load.totalMs,
+      PythonStateStoreProvider.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
+      PythonStateStoreProvider.MetricLoadedBytes -> load.bytesRead)
+    StateStoreMetrics(keys, memory,
+      PythonStateStoreProvider.metricsMap(commitMetrics ++ loadValues), Map.empty)
+  }
+
+  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
+    StateStoreCheckpointInfo(id.partitionId, version + 1, None, None)
+
+  private def requireUpdating(op: String): Unit = if (phase != Updating) {
+    throw new IllegalStateException(
+      s"Cannot $op on $this: it is already ${if (phase == Committed) "committed" else "aborted"}")
+  }
+
+  override def toString: String = s"PythonStateStore[${provider.describeStore}, version $version]"
+}
+
+private[pystatestore] object StoreChecks {
+  def defaultFamily(name: String, provider: PythonStateStoreProvider): Unit = {
+    if (name != StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw SparkInternals.multipleColumnFamiliesNotSupported(
+        s"${PythonStateStoreProvider.ProviderName} (column family '$name' asked of " +
+          s"${provider.describeStore}; column families come in a later pystatestore release)")
+    }
+  }
+
+  def prefixEnabled(provider: PythonStateStoreProvider): Unit = {
+    if (provider.prefix.isEmpty) {
+      throw new IllegalStateException(s"prefixScan on ${provider.describeStore}, which was not " +
+        "opened with a prefix-scan key encoder")
+    }
+  }
+
+  def noMultipleValues(provider: PythonStateStoreProvider): Throwable =
+    SparkInternals.unsupportedOperation("multiple values per key",
+      s"${PythonStateStoreProvider.ProviderName} does not support multiple values per key yet " +
+        s"(${provider.describeStore})")
+}

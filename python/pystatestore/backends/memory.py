@@ -1,0 +1,139 @@
+"""The `memory` backend: versions as Python dicts, each commit a full Arrow snapshot plus manifest.
+
+It is the reference backend: simple enough to trust, durable (any retained version reloads from
+the checkpoint after a restart), but every commit rewrites the whole state. The rocksdb backend
+makes commits incremental.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import pyarrow as pa
+
+from .. import frames
+from ..errors import CheckpointDamagedError, CheckpointMissingError
+from ..manifest import MANIFEST_DIR, FileRef, Manifest, checksum, manifest_path, version_of_manifest
+from ..retention import plan_retention
+from .base import CommitResult, LoadResult, StateBackend
+
+SNAPSHOT_FILE = "snapshot.arrow"
+
+
+class MemoryBackend(StateBackend):
+    name = "memory"
+    versions_in_memory = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._versions: OrderedDict[int, dict[bytes, bytes]] = OrderedDict()
+
+    # -- reading -----------------------------------------------------------------------------
+    def read_manifest(self, version: int) -> Manifest:
+        rel = manifest_path(version)
+        if not self.remote.exists(rel):
+            raise CheckpointMissingError(
+                "this version was never committed or has been removed by retention",
+                store=self.ctx.store_dir, version=version, file=rel,
+                advice="Spark asked for a version the checkpoint does not hold; check "
+                       "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited.")
+        data = self.remote.read_bytes(rel, version=version)
+        return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+
+    def _read_verified(self, version: int, ref_name: str, manifest: Manifest) -> pa.Buffer:
+        ref = manifest.private.get(ref_name)
+        if ref is None:
+            raise CheckpointDamagedError(f"manifest lists no {ref_name}", store=self.ctx.store_dir,
+                                         version=version, file=manifest_path(version))
+        data = self.remote.read_bytes(ref.path, version=version)
+        if data.size != ref.size:
+            raise CheckpointDamagedError(f"file has {data.size} bytes, the manifest says {ref.size}",
+                                         store=self.ctx.store_dir, version=version, file=ref.path)
+        actual = checksum(data)
+        if actual != ref.checksum:
+            raise CheckpointDamagedError(f"checksum {actual} does not match the manifest's {ref.checksum}",
+                                         store=self.ctx.store_dir, version=version, file=ref.path)
+        return data
+
+    def _state(self, version: int) -> tuple[dict[bytes, bytes], int]:
+        """The version's pairs and the bytes read from storage to get them."""
+        if version == 0:
+            return {}, 0
+        if version in self._versions:
+            self._versions.move_to_end(version)
+            return self._versions[version], 0
+        manifest = self.read_manifest(version)
+        data = self._read_verified(version, SNAPSHOT_FILE, manifest)
+        try:
+            state = frames.buffer_to_state(data)
+        except (pa.ArrowInvalid, ValueError) as e:
+            raise CheckpointDamagedError(f"snapshot is not a valid Arrow stream ({e})", store=self.ctx.store_dir,
+                                         version=version, file=manifest.private[SNAPSHOT_FILE].path) from None
+        self._remember(version, state)
+        return state, data.size
+
+    def _remember(self, version: int, state: dict[bytes, bytes]) -> None:
+        self._versions[version] = state
+        self._versions.move_to_end(version)
+        while len(self._versions) > self.versions_in_memory:
+            self._versions.popitem(last=False)
+
+    def load(self, version: int) -> LoadResult:
+        state, read = self._state(version)
+        return LoadResult(frames.state_to_buffer(state), len(state), read, "remote" if read else "memory")
+
+    # -- writing -----------------------------------------------------------------------------
+    def commit(self, base_version: int, changes: pa.Table, attempt_id: str) -> CommitResult:
+        version = base_version + 1
+        base, _ = self._state(base_version)
+        state = dict(base)  # the base stays intact for retries of this version
+        frames.apply_changes(state, changes)
+        snapshot = frames.state_to_buffer(state)
+        rel = f"private/{version}-{uuid.uuid4().hex}/{SNAPSHOT_FILE}"
+        self.remote.write_bytes(rel, snapshot)
+        manifest = Manifest(
+            store=self.ctx.identity, version=version, base_version=base_version, backend=self.name,
+            key_schema=self.ctx.key_schema, value_schema=self.ctx.value_schema, num_keys=len(state),
+            attempt_id=attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
+        body = manifest.to_json()
+        self.remote.write_atomic(manifest_path(version), body)  # the commit point
+        self._remember(version, state)
+        return CommitResult(version, len(state), snapshot.size + len(body), 2, manifest_path(version))
+
+    # -- retention ---------------------------------------------------------------------------
+    def maintenance(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        manifests = self.remote.list_files(MANIFEST_DIR)
+        data_files = [f for d in ("private", "shared", "changelog") for f in self.remote.list_files(d)]
+        refs: dict[int, list[str] | None] = {}
+        for f in manifests:
+            v = version_of_manifest(f.path)
+            if v is None:
+                continue
+            try:
+                refs[v] = [r.path for r in self.read_manifest(v).files()]
+            except (CheckpointDamagedError, CheckpointMissingError):
+                refs[v] = None  # unknown needs: keep every data file
+        plan = plan_retention(manifests + data_files, refs, min_versions_to_retain=self.ctx.min_versions_to_retain,
+                              now=now, orphan_grace_seconds=self.ctx.orphan_grace_seconds)
+        # Manifests first: a crash after this leaves only unreferenced files, which the next run removes.
+        for rel in plan.delete_manifests:
+            self.remote.delete(rel)
+        for rel in plan.delete_files:
+            self.remote.delete(rel)
+        if plan.delete_files:
+            self.remote.delete_empty_dirs("private")
+        for v in [v for v in self._versions if plan.lowest_retained is not None and v < plan.lowest_retained]:
+            del self._versions[v]
+        return {"lowestRetained": plan.lowest_retained, "deletedManifests": len(plan.delete_manifests),
+                "deletedFiles": len(plan.delete_files), "keptVersions": len(plan.kept_versions)}
+
+    def close(self) -> None:
+        self._versions.clear()
+
+
+def _ref(rel: str, data: pa.Buffer) -> FileRef:
+    return FileRef(rel, data.size, checksum(data))

@@ -1,0 +1,49 @@
+"""Errors a user can hit. Each names the store, the version and the file involved, and what to do."""
+
+from __future__ import annotations
+
+
+class StateStoreError(Exception):
+    """Base class: carries the store, version and file so messages stay actionable."""
+
+    advice = "Check the checkpoint location and the worker log."
+
+    def __init__(self, problem: str, *, store: str, version: int | None = None, file: str | None = None,
+                 advice: str | None = None) -> None:
+        self.problem = problem
+        self.store = store
+        self.version = version
+        self.file = file
+        parts = [f"pystatestore: {problem}", f"store: {store}"]
+        if version is not None:
+            parts.append(f"version: {version}")
+        if file is not None:
+            parts.append(f"file: {file}")
+        parts.append(advice or self.advice)
+        super().__init__(" | ".join(parts))
+
+
+class CheckpointDamagedError(StateStoreError):
+    """A manifest or data file exists but cannot be trusted (truncated, corrupt, wrong checksum)."""
+
+    advice = ("The checkpoint is damaged; nothing was deleted. Restore the file from a backup, or "
+              "restart the query from an earlier retained version or a new checkpoint location.")
+
+
+class CheckpointMissingError(StateStoreError):
+    """A version or a file a manifest names is not there."""
+
+    advice = ("Nothing was deleted. If files were removed by hand, restore them; otherwise restart "
+              "the query from a new checkpoint location.")
+
+
+class InvalidPathError(StateStoreError):
+    """A path would leave the store directory; refused so nothing outside it is read or deleted."""
+
+    advice = "The manifest was not written by pystatestore or was tampered with; nothing was read or deleted."
+
+
+class StoreConfigError(StateStoreError):
+    """An option the user set cannot be honoured."""
+
+    advice = "Fix the spark.sql.streaming.stateStore.pystatestore.* option named above."

@@ -1,0 +1,59 @@
+"""Arrow IPC frames exchanged with the JVM shim (schemas documented in docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+OP_PUT = 1
+OP_DELETE = 2
+STATE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+CHANGES_SCHEMA = pa.schema([("op", pa.int8()), ("key", pa.binary()), ("value", pa.binary())])
+_BATCH_ROWS = 65536
+
+
+def read_changes(path: str) -> pa.Table:
+    with pa.OSFile(path, "rb") as f:
+        table = pa.ipc.open_stream(f).read_all()
+    if not table.schema.equals(CHANGES_SCHEMA, check_metadata=False):
+        raise ValueError(f"change frame {path} has schema {table.schema}, expected {CHANGES_SCHEMA}")
+    return table
+
+
+def apply_changes(state: dict[bytes, bytes], changes: pa.Table) -> None:
+    """Applies puts and deletes in frame order (a key appears at most once per frame)."""
+    ops = changes.column("op").to_pylist()
+    keys = changes.column("key").to_pylist()
+    values = changes.column("value").to_pylist()
+    for op, key, value in zip(ops, keys, values):
+        if op == OP_PUT:
+            state[key] = value
+        elif op == OP_DELETE:
+            state.pop(key, None)
+        else:
+            raise ValueError(f"unknown op {op} in change frame")
+
+
+def state_to_buffer(state: Mapping[bytes, bytes]) -> pa.Buffer:
+    """Serialises key/value pairs as one Arrow IPC stream (also the memory backend's snapshot)."""
+    sink = pa.BufferOutputStream()
+    keys = list(state.keys())
+    with pa.ipc.new_stream(sink, STATE_SCHEMA) as writer:
+        for i in range(0, max(len(keys), 1), _BATCH_ROWS):
+            chunk = keys[i : i + _BATCH_ROWS]
+            writer.write_batch(pa.record_batch(
+                [pa.array(chunk, pa.binary()), pa.array([state[k] for k in chunk], pa.binary())], schema=STATE_SCHEMA))
+    return sink.getvalue()
+
+
+def buffer_to_state(buf: pa.Buffer) -> dict[bytes, bytes]:
+    table = pa.ipc.open_stream(buf).read_all()
+    if not table.schema.equals(STATE_SCHEMA, check_metadata=False):
+        raise ValueError(f"state frame has schema {table.schema}, expected {STATE_SCHEMA}")
+    return dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
+
+
+def write_buffer(path: str, buf: pa.Buffer) -> None:
+    with pa.OSFile(path, "wb") as f:
+        f.write(buf)

@@ -1,0 +1,103 @@
+"""Manifests: a version's commit point (DESIGN §3), written last and atomically.
+
+A manifest lists every file the version needs with its size and checksum. Reading one validates
+its structure and every path in it before anything else trusts it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import CheckpointDamagedError
+from .remote import validate_relative_path
+
+FORMAT_VERSION = 1
+MANIFEST_DIR = "manifests"
+_MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")
+
+
+def checksum(data: bytes | memoryview | Any) -> str:
+    """CRC-32 of a bytes-like object (pyarrow Buffers included), as stored in manifests."""
+    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def manifest_path(version: int, checkpoint_id: str | None = None) -> str:
+    return f"{MANIFEST_DIR}/{version}.json" if checkpoint_id is None else f"{MANIFEST_DIR}/{version}-{checkpoint_id}.json"
+
+
+def version_of_manifest(name: str) -> int | None:
+    """The version a manifest file name stands for, or None for other files (temporaries)."""
+    m = _MANIFEST_NAME.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class FileRef:
+    path: str  # relative to the store directory
+    size: int
+    checksum: str
+
+
+@dataclass
+class Manifest:
+    store: dict[str, Any]
+    version: int
+    base_version: int
+    backend: str
+    key_schema: str
+    value_schema: str
+    num_keys: int
+    attempt_id: str
+    shared: dict[str, FileRef] = field(default_factory=dict)
+    private: dict[str, FileRef] = field(default_factory=dict)
+    checkpoint_id: str | None = None
+    column_families: list[str] = field(default_factory=lambda: ["default"])
+    created_at: float = field(default_factory=time.time)
+    format: int = FORMAT_VERSION
+
+    def files(self) -> list[FileRef]:
+        return list(self.shared.values()) + list(self.private.values())
+
+    def to_json(self) -> bytes:
+        doc = asdict(self)
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+    @staticmethod
+    def from_json(data: bytes, *, store: str, version: int, file: str) -> Manifest:
+        """Parses and validates; any problem names the store, version and manifest file."""
+        def damaged(why: str) -> CheckpointDamagedError:
+            return CheckpointDamagedError(f"manifest is unreadable ({why})", store=store, version=version, file=file)
+
+        try:
+            doc = json.loads(bytes(data).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise damaged(f"not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise damaged("not a JSON object")
+        if doc.get("format") != FORMAT_VERSION:
+            raise damaged(f"format {doc.get('format')!r}; this pystatestore reads format {FORMAT_VERSION}")
+        try:
+            refs = {
+                kind: {
+                    str(name): FileRef(validate_relative_path(r["path"], store=store, version=version), int(r["size"]), str(r["checksum"]))
+                    for name, r in doc[kind].items()
+                }
+                for kind in ("shared", "private")
+            }
+            m = Manifest(
+                store=dict(doc["store"]), version=int(doc["version"]), base_version=int(doc["base_version"]),
+                backend=str(doc["backend"]), key_schema=str(doc["key_schema"]), value_schema=str(doc["value_schema"]),
+                num_keys=int(doc["num_keys"]), attempt_id=str(doc["attempt_id"]), shared=refs["shared"],
+                private=refs["private"], checkpoint_id=doc.get("checkpoint_id"),
+                column_families=list(doc.get("column_families", ["default"])), created_at=float(doc["created_at"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise damaged(f"missing or malformed field: {e!r}") from None
+        if m.version != version:
+            raise damaged(f"it describes version {m.version}")
+        return m

@@ -1,0 +1,49 @@
+"""The Python state worker process: `python -m pystatestore.worker`, started by the JVM shim.
+
+It connects to the shim's Py4J gateway (loopback only, authenticated with the token it finds in
+its environment), serves StoreService through a callback server bound to loopback with the same
+token, and exits when the JVM closes its stdin (the JVM exited or replaced it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway
+
+from .service import StoreService
+
+LOOPBACK = "127.0.0.1"
+
+
+def main() -> int:
+    logging.basicConfig(level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s")
+    log = logging.getLogger("pystatestore.worker")
+    try:
+        port = int(os.environ.pop("PYSTATESTORE_GATEWAY_PORT"))
+        token = os.environ.pop("PYSTATESTORE_GATEWAY_TOKEN")
+    except KeyError as e:
+        log.error("missing %s: the worker is started by the pystatestore JVM shim, not by hand", e)
+        return 2
+    gateway = JavaGateway(
+        gateway_parameters=GatewayParameters(address=LOOPBACK, port=port, auth_token=token, auto_convert=False),
+        callback_server_parameters=CallbackServerParameters(
+            address=LOOPBACK, port=0, auth_token=token, daemonize=True, daemonize_connections=True),
+    )
+    service = StoreService()
+    callback_port = gateway.get_callback_server().get_listening_port()
+    gateway.entry_point.register(service, callback_port)
+    log.info("pystatestore worker serving (gateway port %d, callback port %d)", port, callback_port)
+    sys.stdin.buffer.read()  # blocks until the JVM closes the pipe
+    log.info("JVM closed the worker's stdin; exiting")
+    try:
+        gateway.shutdown()
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
