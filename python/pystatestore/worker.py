@@ -21,6 +21,7 @@ LOOPBACK = "127.0.0.1"
 def main() -> int:
     logging.basicConfig(level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every call at INFO
     log = logging.getLogger("pystatestore.worker")
     try:
         port = int(os.environ.pop("PYSTATESTORE_GATEWAY_PORT"))

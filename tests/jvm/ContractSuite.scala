@@ -1,0 +1,381 @@
+package org.pystatestore.tests
+
+import java.io.File
+import java.nio.file.{Files, Path}
+import java.util.UUID
+import java.util.concurrent.{Callable, Executors, TimeUnit}
+
+import scala.collection.mutable
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.SparkThrowable
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
+
+import org.pystatestore.{PythonStateStoreProvider, StateWorker}
+
+/**
+ * The provider contract, driven directly in a JVM (DESIGN §7), after Spark's StateStoreSuiteBase
+ * scenarios. Run by tests/test_contract.py through spark-submit; prints one line per scenario:
+ * "PASS name" or "FAIL name: reason". Arguments: work dir, python executable, python path.
+ */
+object ContractSuite {
+  private val keySchema = StructType(Seq(StructField("k", StringType), StructField("i", IntegerType)))
+  private val valueSchema = StructType(Seq(StructField("v", IntegerType)))
+  private val keyProj = UnsafeProjection.create(keySchema)
+  private val valueProj = UnsafeProjection.create(valueSchema)
+  private val prefixProj = UnsafeProjection.create(StructType(Seq(StructField("k", StringType))))
+
+  private var workDir: Path = _
+  private var pythonExec: String = _
+  private var pythonPath: String = _
+
+  def key(s: String, i: Int = 0): UnsafeRow =
+    keyProj(InternalRow(UTF8String.fromString(s), i)).copy()
+  def value(v: Int): UnsafeRow = valueProj(InternalRow(v)).copy()
+  def prefix(s: String): UnsafeRow = prefixProj(InternalRow(UTF8String.fromString(s))).copy()
+  def intOf(row: UnsafeRow): Option[Int] = Option(row).map(_.getInt(0))
+
+  final class Check(msg: String) extends Exception(msg)
+  def check(cond: Boolean, msg: => String): Unit = if (!cond) throw new Check(msg)
+  def expectThrows[T <: Throwable](what: String)(body: => Any)(implicit ct: scala.reflect.ClassTag[T]): T = {
+    try {
+      body
+    } catch {
+      case e: Throwable if ct.runtimeClass.isInstance(e) => return e.asInstanceOf[T]
+      case e: Throwable => throw new Check(s"$what: expected ${ct.runtimeClass.getSimpleName}, got $e")
+    }
+    throw new Check(s"$what: expected ${ct.runtimeClass.getSimpleName}, nothing was thrown")
+  }
+  def messages(e: Throwable): String =
+    Iterator.iterate(e)(_.getCause).takeWhile(_ != null).map(t => String.valueOf(t.getMessage)).mkString(" <- ")
+
+  def newDir(): String = Files.createTempDirectory(workDir, "store").toUri.toString
+
+  def sqlConf(extra: (String, String)*): SQLConf = {
+    val c = new SQLConf()
+    c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonExec", pythonExec)
+    c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonPath", pythonPath)
+    extra.foreach { case (k, v) => c.setConfString(k, v) }
+    c
+  }
+
+  def provider(
+      root: String,
+      partition: Int = 0,
+      encoder: KeyStateEncoderSpec = NoPrefixKeyStateEncoderSpec(keySchema),
+      conf: SQLConf = sqlConf(),
+      useColumnFamilies: Boolean = false): PythonStateStoreProvider = {
+    val p = new PythonStateStoreProvider()
+    p.init(StateStoreId(root, 0, partition), keySchema, valueSchema, encoder, useColumnFamilies,
+      new StateStoreConf(conf), new Configuration(), false, None)
+    p
+  }
+
+  def contents(store: ReadStateStore): Map[(String, Int), Int] =
+    store.iterator().map(p => (p.key.getUTF8String(0).toString, p.key.getInt(1)) -> p.value.getInt(0)).toMap
+
+  def commitVersion(p: StateStoreProvider, base: Long, puts: Map[String, Int], removes: Seq[String] = Nil): Long = {
+    val s = p.getStore(base)
+    puts.foreach { case (k, v) => s.put(key(k), value(v)) }
+    removes.foreach(k => s.remove(key(k)))
+    s.commit()
+  }
+
+  private val scenarios = mutable.LinkedHashMap.empty[String, () => Unit]
+  def scenario(name: String)(body: => Unit): Unit = scenarios(name) = () => body
+
+  scenario("get_put_remove_commit") {
+    val p = provider(newDir())
+    val s = p.getStore(0)
+    check(s.version == 0, s"version ${s.version}")
+    check(s.get(key("a")) == null, "empty store returned a value")
+    s.put(key("a"), value(1)); s.put(key("b"), value(2)); s.put(key("a"), value(3))
+    check(intOf(s.get(key("a"))).contains(3), "latest put wins")
+    s.remove(key("b"))
+    check(s.get(key("b")) == null, "removed key still visible")
+    check(s.metrics.numKeys == 1, s"numKeys before commit ${s.metrics.numKeys}")
+    check(s.commit() == 1, "commit returns the new version")
+    check(s.hasCommitted, "hasCommitted")
+    val s1 = p.getStore(1)
+    check(contents(s1) == Map(("a", 0) -> 3), s"version 1: ${contents(s1)}")
+    s1.abort()
+    p.close()
+  }
+
+  scenario("updates_after_commit_or_abort_are_refused") {
+    val p = provider(newDir())
+    val s = p.getStore(0)
+    s.put(key("a"), value(1)); s.commit()
+    expectThrows[IllegalStateException]("put after commit")(s.put(key("b"), value(2)))
+    expectThrows[IllegalStateException]("commit twice")(s.commit())
+    s.abort() // abort after commit is harmless
+    val s2 = p.getStore(1)
+    s2.abort()
+    expectThrows[IllegalStateException]("remove after abort")(s2.remove(key("a")))
+    p.close()
+  }
+
+  scenario("put_null_is_refused") {
+    val p = provider(newDir())
+    val s = p.getStore(0)
+    expectThrows[IllegalArgumentException]("put(null)")(s.put(key("a"), null))
+    s.abort(); p.close()
+  }
+
+  scenario("iterator_sees_buffer_and_base_and_allows_updates") {
+    val p = provider(newDir())
+    commitVersion(p, 0, Map("a" -> 1, "b" -> 2, "c" -> 3))
+    val s = p.getStore(1)
+    s.put(key("d"), value(4)); s.put(key("a"), value(10)); s.remove(key("c"))
+    check(contents(s) == Map(("a", 0) -> 10, ("b", 0) -> 2, ("d", 0) -> 4), s"merged view ${contents(s)}")
+    val it = s.iterator()
+    var seen = 0
+    while (it.hasNext) { val pair = it.next(); s.remove(pair.key); s.put(key("new" + seen), value(seen)); seen += 1 }
+    check(seen == 3, s"iterated $seen rows")
+    check(contents(s).keySet.forall(_._1.startsWith("new")), s"after removing while iterating: ${contents(s)}")
+    s.commit(); p.close()
+  }
+
+  scenario("abort_discards_changes") {
+    val dir = newDir()
+    val p = provider(dir)
+    commitVersion(p, 0, Map("a" -> 1))
+    val s = p.getStore(1)
+    s.put(key("b"), value(2)); s.abort()
+    check(!s.hasCommitted, "aborted store reports committed")
+    check(contents(p.getStore(1)) == Map(("a", 0) -> 1), "abort leaked changes")
+    check(!new File(new java.net.URI(dir).getPath, "0/0/manifests/2.json").exists(), "abort wrote a manifest")
+    p.close()
+  }
+
+  scenario("reload_every_version_from_a_new_provider") {
+    val dir = newDir()
+    val p = provider(dir)
+    (1 to 6).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v), if (v > 2) Seq(s"k${v - 2}") else Nil))
+    p.close()
+    val fresh = provider(dir)
+    for (v <- 1 to 6) {
+      val expected = (math.max(1, v - 1) to v).map(i => (s"k$i", 0) -> i).toMap
+      val got = contents(fresh.getStore(v))
+      check(got == expected, s"version $v: $got != $expected")
+    }
+    // an older version can be the base of a new commit (Spark's retry of an earlier batch)
+    check(commitVersion(fresh, 3, Map("x" -> 1)) == 4, "recommit from an older version")
+    check(contents(fresh.getStore(4)) == Map(("k2", 0) -> 2, ("k3", 0) -> 3, ("x", 0) -> 1), "re-committed 4")
+    fresh.close()
+  }
+
+  scenario("invalid_versions_fail_with_cannot_load_state_store") {
+    val dir = newDir()
+    val p = provider(dir)
+    val neg = expectThrows[Throwable]("getStore(-1)")(p.getStore(-1))
+    check(neg.isInstanceOf[SparkThrowable] &&
+      neg.asInstanceOf[SparkThrowable].getCondition.startsWith("CANNOT_LOAD_STATE_STORE"),
+      s"getStore(-1): ${messages(neg)}")
+    commitVersion(p, 0, Map("a" -> 1))
+    val missing = expectThrows[Throwable]("getStore(7)")(p.getStore(7))
+    check(missing.isInstanceOf[SparkThrowable] &&
+      missing.asInstanceOf[SparkThrowable].getCondition.startsWith("CANNOT_LOAD_STATE_STORE"),
+      s"getStore(7) error class: ${messages(missing)}")
+    val text = messages(missing)
+    check(text.contains("version: 7") && text.contains("manifests/7.json") && text.contains("0/0"),
+      s"error does not name store, version and file: $text")
+    val ro = expectThrows[Throwable]("getReadStore(-1)")(p.getReadStore(-1))
+    check(ro.isInstanceOf[SparkThrowable], s"getReadStore(-1): $ro")
+    p.close()
+  }
+
+  scenario("prefix_scan") {
+    val dir = newDir()
+    val spec = PrefixKeyScanStateEncoderSpec(keySchema, 1)
+    val p = provider(dir, encoder = spec)
+    val s = p.getStore(0)
+    Seq(("a", 1), ("a", 2), ("b", 1), ("c", 5)).foreach { case (k, i) => s.put(key(k, i), value(i)) }
+    def scan(st: ReadStateStore, pre: String): Set[(String, Int)] =
+      st.prefixScan(prefix(pre)).map(pr => (pr.key.getUTF8String(0).toString, pr.key.getInt(1))).toSet
+    check(scan(s, "a") == Set(("a", 1), ("a", 2)), s"uncommitted scan ${scan(s, "a")}")
+    s.commit()
+    val s1 = p.getStore(1)
+    s1.put(key("a", 3), value(3)); s1.remove(key("a", 1))
+    check(scan(s1, "a") == Set(("a", 2), ("a", 3)), s"mixed scan ${scan(s1, "a")}")
+    check(scan(s1, "zzz").isEmpty, "unknown prefix")
+    s1.commit(); p.close()
+    val fresh = provider(dir, encoder = spec)
+    check(scan(fresh.getStore(2), "a") == Set(("a", 2), ("a", 3)), "scan after reload from the worker")
+    check(scan(fresh.getReadStore(2), "b") == Set(("b", 1)), "scan on a read store")
+    val plain = provider(newDir())
+    expectThrows[IllegalStateException]("prefixScan without prefix encoder")(plain.getStore(0).prefixScan(prefix("a")))
+    fresh.close(); plain.close()
+  }
+
+  scenario("read_store_then_upgrade_to_write_store") {
+    val p = provider(newDir())
+    commitVersion(p, 0, Map("a" -> 1))
+    val pool = Executors.newSingleThreadExecutor()
+    try {
+      val f = pool.submit(new Callable[Long] {
+        override def call(): Long = {
+          val read = p.getReadStore(1)
+          check(intOf(read.get(key("a"))).contains(1), "read store value")
+          val write = p.upgradeReadStoreToWriteStore(read, 1, None)
+          write.put(key("b"), value(2))
+          val v = write.commit()
+          read.release()
+          v
+        }
+      })
+      check(f.get(60, TimeUnit.SECONDS) == 2, "upgraded store commits version 2")
+    } finally pool.shutdownNow()
+    check(contents(p.getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "upgraded commit content")
+    p.close()
+  }
+
+  scenario("maintenance_applies_min_batches_to_retain") {
+    val dir = newDir()
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    val p = provider(dir, conf = conf)
+    (1 to 10).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
+    p.doMaintenance()
+    val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+    check(manifests == Seq("10.json", "8.json", "9.json"), s"manifests after maintenance: $manifests")
+    val fresh = provider(dir, conf = conf)
+    check(contents(fresh.getStore(8)).size == 8, "retained version 8 loads")
+    val gone = expectThrows[Throwable]("load of removed version 5")(fresh.getStore(5))
+    check(messages(gone).contains("version: 5"), s"removed version error: ${messages(gone)}")
+    p.close(); fresh.close()
+  }
+
+  scenario("metrics_match_supported_custom_metrics") {
+    val p = provider(newDir())
+    val s = p.getStore(0)
+    (1 to 5).foreach(i => s.put(key(s"k$i"), value(i)))
+    s.commit()
+    val m = s.metrics
+    check(m.numKeys == 5, s"numKeys ${m.numKeys}")
+    check(m.memoryUsedBytes > 0, "memoryUsedBytes")
+    val names = p.supportedCustomMetrics.map(_.name).toSet
+    check(m.customMetrics.keySet.map(_.name) == names, s"custom metrics ${m.customMetrics.keySet.map(_.name)} vs $names")
+    val byName = m.customMetrics.map { case (k, v) => k.name -> v }
+    check(byName("pystatestoreBytesWritten") > 0, "bytes written")
+    check(byName("pystatestoreChangedRows") == 5, s"changed rows ${byName("pystatestoreChangedRows")}")
+    val info = s.getStateStoreCheckpointInfo()
+    check(info.batchVersion == 1 && info.partitionId == 0 && info.stateStoreCkptId.isEmpty, s"checkpoint info $info")
+    p.close()
+  }
+
+  scenario("column_families_and_multiple_values_are_refused_clearly") {
+    val e = expectThrows[Throwable]("init with column families")(provider(newDir(), useColumnFamilies = true))
+    check(messages(e).toLowerCase.contains("column famil"), s"column family error: ${messages(e)}")
+    val p = provider(newDir())
+    val s = p.getStore(0)
+    val mv = expectThrows[Throwable]("merge")(s.merge(key("a"), value(1)))
+    check(messages(mv).contains("multiple values"), s"merge error: ${messages(mv)}")
+    val cf = expectThrows[Throwable]("get on another family")(s.get(key("a"), "other"))
+    check(messages(cf).toLowerCase.contains("column famil"), s"cf error: ${messages(cf)}")
+    val ck = expectThrows[Throwable]("checkpoint id")(p.getStore(0, Some("abc")))
+    check(messages(ck).contains("checkpointFormatVersion"), s"ckpt id error: ${messages(ck)}")
+    s.abort(); p.close()
+  }
+
+  scenario("worker_death_fails_the_commit_and_the_next_task_recovers") {
+    val dir = newDir()
+    val p = provider(dir)
+    commitVersion(p, 0, Map("a" -> 1))
+    val worker = StateWorker.currentWorker.get
+    val s = p.getStore(1)
+    s.put(key("b"), value(2))
+    // Freeze the worker so the commit is surely in flight, then kill it mid-call.
+    new ProcessBuilder("kill", "-STOP", worker.pid.toString).start().waitFor()
+    val pool = Executors.newSingleThreadExecutor()
+    val inFlight = pool.submit(new Callable[Long] { override def call(): Long = s.commit() })
+    Thread.sleep(500)
+    worker.process.destroyForcibly().waitFor()
+    val e = expectThrows[Throwable]("commit against a dying worker") {
+      try inFlight.get(60, TimeUnit.SECONDS) catch { case ee: java.util.concurrent.ExecutionException => throw ee.getCause }
+    }
+    pool.shutdownNow()
+    val text = messages(e)
+    check(text.contains("died") && text.contains(worker.logFile.getPath),
+      s"error should say the worker died and where its log is: $text")
+    s.abort()
+    // the retried task: same version again, a fresh worker that reloads version 1 from the checkpoint
+    check(commitVersion(p, 1, Map("b" -> 2)) == 2, "retry commits")
+    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    val fresh = provider(dir)
+    check(contents(fresh.getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "state after worker restart")
+    p.close(); fresh.close()
+  }
+
+  scenario("worker_killed_between_calls_is_replaced_transparently") {
+    val dir = newDir()
+    val p = provider(dir)
+    commitVersion(p, 0, Map("a" -> 1))
+    val worker = StateWorker.currentWorker.get
+    worker.process.destroyForcibly().waitFor()
+    // Nothing was in flight, so nothing fails: the next call starts a worker that reloads version 1.
+    check(commitVersion(p, 1, Map("b" -> 2)) == 2, "commit after the worker was killed while idle")
+    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    check(contents(provider(dir).getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "state after restart")
+    p.close()
+  }
+
+  scenario("two_partitions_commit_concurrently") {
+    val dir = newDir()
+    val pool = Executors.newFixedThreadPool(4)
+    try {
+      val futures = (0 until 4).map { part =>
+        pool.submit(new Callable[Map[(String, Int), Int]] {
+          override def call(): Map[(String, Int), Int] = {
+            val p = provider(dir, partition = part)
+            (1 to 5).foreach(v => commitVersion(p, v - 1, Map(s"p$part-$v" -> v)))
+            val c = contents(p.getStore(5))
+            p.close(); c
+          }
+        })
+      }
+      futures.zipWithIndex.foreach { case (f, part) =>
+        val c = f.get(120, TimeUnit.SECONDS)
+        check(c == (1 to 5).map(v => (s"p$part-$v", 0) -> v).toMap, s"partition $part: $c")
+      }
+    } finally pool.shutdownNow()
+  }
+
+  def main(args: Array[String]): Unit = {
+    workDir = new File(args(0)).toPath
+    pythonExec = args(1)
+    pythonPath = args(2)
+    val only = args.drop(3).toSet
+    Files.createDirectories(workDir)
+    val spark = SparkSession.builder().master("local[2]").appName("pystatestore-contract")
+      .config("spark.ui.enabled", "false").getOrCreate()
+    var failures = 0
+    try {
+      for ((name, body) <- scenarios if only.isEmpty || only(name)) {
+        try {
+          body()
+          println(s"PASS $name")
+        } catch {
+          case NonFatal(e) =>
+            failures += 1
+            val detail = e match {
+              case c: Check => c.getMessage
+              case other => s"${other.getClass.getName}: ${messages(other)}"
+            }
+            println(s"FAIL $name: ${detail.replace('\n', ' ')}")
+        }
+        Console.out.flush()
+      }
+    } finally spark.stop()
+    println(s"CONTRACT DONE failures=$failures")
+    sys.exit(if (failures == 0) 0 else 1)
+  }
+}

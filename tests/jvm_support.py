@@ -1,0 +1,51 @@
+"""Compiles the suite's own Scala programs and runs them with spark-submit."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pystatestore
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "tests" / ".build"
+
+
+def _build_jar_module():
+    spec = importlib.util.spec_from_file_location("build_jar", ROOT / "scripts" / "build_jar.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_test_jar(name: str, sources: list[Path]) -> Path:
+    """Compiles `sources` against Spark and the shim jar; rebuilt when a source is newer."""
+    out = BUILD / f"{name}.jar"
+    shim = Path(pystatestore.jar_path())
+    newest = max(p.stat().st_mtime for p in [*sources, shim])
+    if not out.exists() or out.stat().st_mtime < newest:
+        _build_jar_module().compile_jar(out, extra_sources=sources, classpath_extra=[str(shim)])
+    return out
+
+
+def spark_submit() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit")
+
+
+def python_path_for_worker() -> str:
+    return str(Path(pystatestore.__file__).resolve().parent.parent)
+
+
+def run_spark_submit(main_class: str, jar: Path, args: list[str], *, master: str = "local[2]",
+                     extra_conf: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [spark_submit(), "--master", master, "--class", main_class, "--jars", pystatestore.jar_path(),
+           "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.python={sys.executable}"]
+    for k, v in (extra_conf or {}).items():
+        cmd += ["--conf", f"{k}={v}"]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    return subprocess.run([*cmd, str(jar), *args], capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,149 @@
+"""The memory backend against a real local checkpoint directory (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pystatestore import frames
+from pystatestore.backends import MemoryBackend, StoreContext
+from pystatestore.errors import CheckpointDamagedError, CheckpointMissingError, InvalidPathError
+from pystatestore.remote import RemoteStore
+
+
+def changes(puts: dict[bytes, bytes] = {}, deletes: list[bytes] = ()) -> pa.Table:  # noqa: B006
+    ops = [frames.OP_PUT] * len(puts) + [frames.OP_DELETE] * len(deletes)
+    return pa.table({"op": pa.array(ops, pa.int8()), "key": pa.array(list(puts) + list(deletes), pa.binary()),
+                     "value": pa.array(list(puts.values()) + [None] * len(deletes), pa.binary())},
+                    schema=frames.CHANGES_SCHEMA)
+
+
+def make_backend(store_dir: Path, retain: int = 100, grace: float = 600.0) -> MemoryBackend:
+    ctx = StoreContext(store_dir=f"file:{store_dir}", operator_id=0, partition_id=3, store_name="default",
+                       key_schema="k", value_schema="v", min_versions_to_retain=retain, orphan_grace_seconds=grace)
+    return MemoryBackend(ctx, RemoteStore(ctx.store_dir))
+
+
+def state_of(backend: MemoryBackend, version: int) -> dict[bytes, bytes]:
+    return frames.buffer_to_state(backend.load(version).frame)
+
+
+def all_files(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "0" / "3"
+
+
+def test_commit_then_reload_from_remote_in_a_fresh_backend(store_dir: Path) -> None:
+    b = make_backend(store_dir)
+    b.commit(0, changes({b"a": b"1", b"b": b"2"}), "t1")
+    b.commit(1, changes({b"a": b"10"}, [b"b"]), "t2")
+    fresh = make_backend(store_dir)  # a restarted worker: nothing in memory
+    assert state_of(fresh, 1) == {b"a": b"1", b"b": b"2"}
+    assert state_of(fresh, 2) == {b"a": b"10"}
+    assert fresh.load(2).source in ("remote", "memory")
+    assert make_backend(store_dir).load(2).source == "remote"
+
+
+def test_retry_of_a_version_does_not_clobber_the_first_attempt(store_dir: Path) -> None:
+    b = make_backend(store_dir)
+    b.commit(0, changes({b"a": b"1"}), "attempt-1")
+    first = all_files(store_dir)
+    b.commit(0, changes({b"a": b"2"}), "attempt-2")
+    assert first - {"manifests/1.json"} <= all_files(store_dir)  # the first attempt's data is still there
+    assert state_of(make_backend(store_dir), 1) == {b"a": b"2"}  # the manifest decides
+
+
+def test_truncated_manifest_names_store_version_file_and_deletes_nothing(store_dir: Path) -> None:
+    b = make_backend(store_dir)
+    b.commit(0, changes({b"a": b"1"}), "t")
+    manifest = store_dir / "manifests" / "1.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    before = all_files(store_dir)
+    with pytest.raises(CheckpointDamagedError) as e:
+        make_backend(store_dir).load(1)
+    msg = str(e.value)
+    assert f"file:{store_dir}" in msg and "version: 1" in msg and "manifests/1.json" in msg
+    make_backend(store_dir, retain=0, grace=0).maintenance()
+    assert all_files(store_dir) == before
+
+
+def test_corrupted_manifest_field_is_reported(store_dir: Path) -> None:
+    make_backend(store_dir).commit(0, changes({b"a": b"1"}), "t")
+    manifest = store_dir / "manifests" / "1.json"
+    doc = json.loads(manifest.read_text())
+    doc["private"]["snapshot.arrow"]["size"] = "lots"
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointDamagedError, match="manifests/1.json"):
+        make_backend(store_dir).load(1)
+
+
+def test_missing_snapshot_names_the_file(store_dir: Path) -> None:
+    make_backend(store_dir).commit(0, changes({b"a": b"1"}), "t")
+    snapshot = next((store_dir / "private").rglob("snapshot.arrow"))
+    os.remove(snapshot)
+    with pytest.raises(CheckpointMissingError) as e:
+        make_backend(store_dir).load(1)
+    assert str(snapshot.relative_to(store_dir)) in str(e.value) and "version: 1" in str(e.value)
+
+
+def test_flipped_byte_in_snapshot_fails_the_checksum(store_dir: Path) -> None:
+    make_backend(store_dir).commit(0, changes({b"a": b"1" * 100}), "t")
+    snapshot = next((store_dir / "private").rglob("snapshot.arrow"))
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snapshot.write_bytes(bytes(data))
+    with pytest.raises(CheckpointDamagedError, match="checksum"):
+        make_backend(store_dir).load(1)
+
+
+def test_missing_version_is_explained(store_dir: Path) -> None:
+    with pytest.raises(CheckpointMissingError, match="never committed"):
+        make_backend(store_dir).load(7)
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", "/etc/passwd", "private/../../x", "a//b", "c:/x"])
+def test_manifest_paths_outside_the_store_are_refused(store_dir: Path, bad: str) -> None:
+    make_backend(store_dir).commit(0, changes({b"a": b"1"}), "t")
+    manifest = store_dir / "manifests" / "1.json"
+    doc = json.loads(manifest.read_text())
+    doc["private"]["snapshot.arrow"]["path"] = bad
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises((InvalidPathError, CheckpointDamagedError)):
+        make_backend(store_dir).load(1)
+
+
+def test_maintenance_applies_retention_and_keeps_retained_versions_loadable(store_dir: Path) -> None:
+    b = make_backend(store_dir, retain=2, grace=600)
+    expected = {}
+    for v in range(1, 8):
+        b.commit(v - 1, changes({f"k{v}".encode(): b"x"}), f"t{v}")
+        expected[v] = {f"k{i}".encode(): b"x" for i in range(1, v + 1)}
+    report = b.maintenance()
+    assert report["lowestRetained"] == 5
+    assert sorted(p.name for p in (store_dir / "manifests").iterdir()) == ["5.json", "6.json", "7.json"]
+    assert len(list((store_dir / "private").iterdir())) == 3
+    for v in (5, 6, 7):
+        assert state_of(make_backend(store_dir), v) == expected[v]
+    with pytest.raises(CheckpointMissingError):
+        make_backend(store_dir).load(4)
+
+
+def test_maintenance_never_deletes_outside_the_store(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    neighbour = tmp_path / "neighbour.txt"
+    neighbour.write_text("keep me")
+    b = make_backend(store_dir, retain=0, grace=0)
+    for v in range(1, 4):
+        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+    b.maintenance(now=1e12)
+    assert neighbour.read_text() == "keep me"
+    assert all_files(store_dir) == {"manifests/3.json", next(
+        str(p.relative_to(store_dir)) for p in (store_dir / "private").rglob("snapshot.arrow"))}
