@@ -13,3 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if os.environ.get("PYSTATESTORE_TEST_INSTALLED") != "1":
     sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests"))
+
+# PySpark's own Python workers (pandas UDFs) must run this interpreter, which has pyarrow/pandas.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

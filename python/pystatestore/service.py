@@ -68,8 +68,10 @@ class StoreService:
 
     def openStore(self, store_json: str) -> str:  # noqa: N802 (Java interface name)
         def run() -> dict[str, Any]:
-            ctx = context_from_description(json.loads(store_json))
-            handle = ctx.store_dir
+            desc = json.loads(store_json)
+            ctx = context_from_description(desc)
+            # One backend per provider instance (see the JVM side): no cache outlives its query run.
+            handle = f"{ctx.store_dir}#{desc.get('instanceId', '')}"
             with self._lock:
                 existing = self._stores.get(handle)
                 if existing is None or existing.backend.ctx != ctx:

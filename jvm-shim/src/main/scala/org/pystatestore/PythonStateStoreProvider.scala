@@ -83,6 +83,9 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     }.toList
     storeDescription = compact(render(JObject(
       "storeDir" -> JString(storeLocation),
+      // Worker-side state is per provider instance: a restarted query never sees a cache filled
+      // by an earlier run, even in the same JVM, and always reloads from the checkpoint.
+      "instanceId" -> JString(UUID.randomUUID().toString),
       "operatorId" -> JLong(stateStoreId.operatorId),
       "partitionId" -> JInt(stateStoreId.partitionId),
       "storeName" -> JString(stateStoreId.storeName),
