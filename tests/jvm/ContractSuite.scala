@@ -349,6 +349,22 @@ object ContractSuite {
     } finally pool.shutdownNow()
   }
 
+  scenario("a_python_that_cannot_run_the_worker_gives_a_clear_error") {
+    StateWorker.currentWorker.foreach(_.process.destroyForcibly().waitFor())
+    val p = provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.pythonExec" -> "/bin/false"))
+    val s = p.getStore(0)
+    s.put(key("a"), value(1))
+    val e = expectThrows[Throwable]("commit with a broken interpreter")(s.commit())
+    val text = messages(e)
+    check(text.contains("/bin/false") && text.contains("exited with code 1") &&
+      text.contains("spark.sql.streaming.stateStore.pystatestore.pythonExec"), s"unclear error: $text")
+    s.abort(); p.close()
+    // a later store with a working interpreter starts a proper worker
+    val good = provider(newDir())
+    check(commitVersion(good, 0, Map("a" -> 1)) == 1, "a good worker starts after a failed one")
+    good.close()
+  }
+
   def main(args: Array[String]): Unit = {
     workDir = new File(args(0)).toPath
     pythonExec = args(1)

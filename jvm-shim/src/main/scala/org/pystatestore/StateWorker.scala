@@ -11,7 +11,8 @@ import scala.util.control.NonFatal
 
 import org.json4s._
 import org.json4s.jackson.JsonMethods
-import py4j.GatewayServer
+import javax.net.SocketFactory
+import py4j.{CallbackClient, GatewayServer}
 
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
@@ -59,6 +60,11 @@ final class RunningWorker private[pystatestore] (
   @volatile private var markedDead = false
 
   def pid: Long = process.pid()
+
+  /** Where the worker reaches this JVM (loopback only); exposed for diagnostics and tests. */
+  def gatewayPort: Int = gateway.getListeningPort
+
+  def gatewayAddress: String = gateway.getAddress.getHostAddress
 
   def isUsable: Boolean = !markedDead && process.isAlive
 
@@ -175,7 +181,10 @@ object StateWorker extends Logging {
         .javaPort(0)
         .javaAddress(InetAddress.getLoopbackAddress)
         .authToken(token)
-        .callbackClient(0, InetAddress.getLoopbackAddress, token)
+        // minConnectionTime 0: no idle-connection cleaner, whose non-daemon thread would keep a
+        // driver JVM alive after main() returns. copyWith (on register) keeps this setting.
+        .callbackClient(new CallbackClient(0, InetAddress.getLoopbackAddress, token, 0L,
+          TimeUnit.SECONDS, SocketFactory.getDefault, true, 0))
         .build()
       registration.server = s
       s.start(true)

@@ -1,0 +1,108 @@
+"""Faults through Spark: a damaged checkpoint gives an actionable error and deletes nothing; a
+worker killed mid-stream costs a task retry, not a wrong result."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, run_with_restart, start_session, write_input_files
+from test_e2e import aggregation
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    # local[2,4]: local mode with task retries, as a cluster would retry a failed task
+    session = start_session("local[2,4]")
+    yield session
+    session.stop()
+
+
+def snapshot_tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def first_phase(spark: SparkSession, tmp_path: Path) -> tuple[Path, Path]:
+    input_dir, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    write_input_files(input_dir, 0, 2)
+    run_phase(spark, aggregation, provider=OUR_PROVIDER, input_dir=input_dir, checkpoint=ckpt, output_mode="update",
+              results={})
+    write_input_files(input_dir, 2, 1)
+    return input_dir, ckpt
+
+
+def restart_error(spark: SparkSession, input_dir: Path, ckpt: Path) -> str:
+    with pytest.raises(Exception) as e:
+        run_phase(spark, aggregation, provider=OUR_PROVIDER, input_dir=input_dir, checkpoint=ckpt,
+                  output_mode="update", results={})
+    return str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_damaged_manifest_names_store_version_file_and_deletes_nothing(spark: SparkSession, tmp_path: Path,
+                                                                       damage: str) -> None:
+    input_dir, ckpt = first_phase(spark, tmp_path)
+    store = ckpt / "state" / "0" / "1"
+    manifest = store / "manifests" / "2.json"
+    data = manifest.read_bytes()
+    manifest.write_bytes(data[: len(data) // 3] if damage == "truncate" else b"\x00\xff not json")
+    before = snapshot_tree(ckpt / "state")
+    message = restart_error(spark, input_dir, ckpt)
+    assert str(store) in message and "version: 2" in message and "manifests/2.json" in message, message
+    after = snapshot_tree(ckpt / "state")
+    assert set(before) <= set(after), f"files were deleted: {set(before) - set(after)}"
+    assert all(after[k] == v for k, v in before.items())
+
+
+def test_missing_snapshot_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
+    input_dir, ckpt = first_phase(spark, tmp_path)
+    store = ckpt / "state" / "0" / "2"
+    snapshot = next(p for p in store.rglob("snapshot.arrow") if p.parent.name.startswith("2-"))
+    os.remove(snapshot)
+    message = restart_error(spark, input_dir, ckpt)
+    assert str(snapshot.relative_to(store)) in message and "version: 2" in message, message
+
+
+def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_path: Path) -> None:
+    expected, _ = run_with_restart(spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref",
+                                   output_mode="update")
+    state_dir = tmp_path / "faulty" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+    jvm = spark._jvm
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def killer() -> None:
+        # Kill the worker as soon as versions 2 and then 4 exist anywhere: mid-stream, often mid-commit.
+        for version in (2, 4):
+            while not stop.is_set() and not any(state_dir.glob(f"*/manifests/{version}.json")):
+                time.sleep(0.01)
+            worker = jvm.org.pystatestore.StateWorker.currentWorker()
+            if stop.is_set() or not worker.isDefined():
+                return
+            pid = worker.get().pid()
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    shutil.rmtree(tmp_path / "faulty", ignore_errors=True)
+    (tmp_path / "faulty").mkdir()
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        actual, _ = run_with_restart(spark, aggregation, provider=OUR_PROVIDER, workdir=tmp_path / "faulty",
+                                     output_mode="update")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert len(killed) == 2, f"the fault was not injected: {killed}"
+    assert jvm.org.pystatestore.StateWorker.currentWorker().get().pid() not in killed
+    assert actual == expected

@@ -1,0 +1,45 @@
+"""A Scala flatMapGroupsWithState sessionization job, compiled by the suite, against the HDFS provider.
+
+Each phase is its own spark-submit, so the restart is a new driver, new executors and new workers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from jvm_support import ROOT, compile_test_jar, python_path_for_worker, run_spark_submit
+from spark_support import HDFS_PROVIDER, MASTERS, OUR_PROVIDER, write_input_files
+
+pytestmark = pytest.mark.spark
+
+
+def read_batches(path: Path) -> dict[int, str]:
+    batches = {}
+    for line in path.read_text().splitlines():
+        batch_id, _, rows = line.partition("\t")
+        batches[int(batch_id)] = rows
+    return batches
+
+
+@pytest.mark.parametrize("master", MASTERS)
+def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Path) -> None:
+    jar = compile_test_jar("sessionization", [ROOT / "tests" / "jvm" / "Sessionization.scala"])
+    input_dir = tmp_path / "in"
+    extra = {"spark.sql.streaming.stateStore.pystatestore.pythonPath": python_path_for_worker(),
+             "spark.sql.streaming.stateStore.pystatestore.pythonExec": sys.executable}
+    if master.startswith("local-cluster"):
+        extra["spark.executor.memory"] = "768m"
+    for phase in range(2):
+        write_input_files(input_dir, phase * 3, 3)
+        proc = run_spark_submit("org.pystatestore.tests.Sessionization", jar,
+                                [str(input_dir), str(tmp_path), HDFS_PROVIDER, OUR_PROVIDER], master=master,
+                                extra_conf=extra)
+        assert proc.returncode == 0, f"phase {phase} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    expected = read_batches(tmp_path / "HDFSBackedStateStoreProvider.out")
+    actual = read_batches(tmp_path / "PythonStateStoreProvider.out")
+    assert len(expected) >= 6
+    assert "true" in "".join(expected.values()), "no session expired: the test would not cover timeouts"
+    assert actual == expected

@@ -1,0 +1,68 @@
+"""The Py4J control plane listens on loopback only and requires its token (DESIGN §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from py4j.java_gateway import GatewayParameters, JavaGateway
+from pyspark.sql import SparkSession
+
+from spark_support import OUR_PROVIDER, run_with_restart, start_session
+from test_e2e import aggregation
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkSession, object]]:
+    spark = start_session("local[2]")
+    run_with_restart(spark, aggregation, provider=OUR_PROVIDER, workdir=tmp_path_factory.mktemp("sec"),
+                     output_mode="update", files_per_phase=1)
+    current = spark._jvm.org.pystatestore.StateWorker.currentWorker()
+    assert current.isDefined(), "the query should have started a state worker in this (local-mode) JVM"
+    yield spark, current.get()
+    spark.stop()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses a TCP port listens on, from /proc/net/tcp{,6} (state 0A = LISTEN)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            addr, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == "0A":
+                found.add(addr)
+    return found
+
+
+def test_gateway_listens_on_loopback_only(worker: tuple) -> None:
+    _, w = worker
+    assert w.gatewayAddress() in ("127.0.0.1", "0:0:0:0:0:0:0:1")
+    addrs = listening_addresses(w.gatewayPort())
+    assert addrs, "gateway port not found listening"
+    # 127.0.0.1, ::1 and ::ffff:127.0.0.1 (IPv4-mapped), as /proc/net/tcp{,6} spell them
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    assert addrs <= loopback, f"gateway listens beyond loopback: {addrs}"
+
+
+@pytest.mark.parametrize("token", [None, "not-the-token"])
+def test_connection_without_the_token_is_refused(worker: tuple, token: str | None) -> None:
+    _, w = worker
+    intruder = JavaGateway(gateway_parameters=GatewayParameters(
+        address="127.0.0.1", port=w.gatewayPort(), auth_token=token, auto_convert=False, eager_load=False))
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - py4j raises several types for a refused auth
+            intruder.jvm.java.lang.System.getProperty("user.home")
+    finally:
+        intruder.close()
+    assert w.isUsable(), "a refused intruder must not disturb the worker"
+
+
+def test_token_is_not_on_the_worker_command_line(worker: tuple) -> None:
+    _, w = worker
+    argv = Path(f"/proc/{w.pid()}/cmdline").read_bytes().split(b"\0")
+    argv = [a.decode() for a in argv if a]
+    assert argv[1:] == ["-m", "pystatestore.worker"], argv
