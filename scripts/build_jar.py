@@ -30,16 +30,33 @@ def spark_jars_dir() -> Path:
     return Path(pyspark.__file__).resolve().parent / "jars"
 
 
-def compile_jar(out_jar: Path, extra_sources: list[Path] | None = None, classpath_extra: list[str] | None = None) -> Path:
+def compile_jar(
+    out_jar: Path, extra_sources: list[Path] | None = None, classpath_extra: list[str] | None = None
+) -> Path:
     jars = sorted(glob.glob(str(spark_jars_dir() / "*.jar")))
     if not any("scala-compiler-2.13" in j for j in jars):
         sys.exit(f"no scala-compiler-2.13 jar in {spark_jars_dir()}: is pyspark 4.1 installed?")
-    sources = [str(p) for p in sorted(SOURCES.rglob("*.scala"))] if extra_sources is None else [str(p) for p in extra_sources]
+    sources = (
+        [str(p) for p in sorted(SOURCES.rglob("*.scala"))] if extra_sources is None else [str(p) for p in extra_sources]
+    )
     classes = Path(tempfile.mkdtemp(prefix="pystatestore-classes-"))
     try:
         cp = os.pathsep.join(jars + (classpath_extra or []))
-        cmd = ["java", "-Xss8m", "-cp", os.pathsep.join(j for j in jars if "/scala-" in j),
-               "scala.tools.nsc.Main", "-nowarn", "-release", "17", "-d", str(classes), "-classpath", cp, *sources]
+        cmd = [
+            "java",
+            "-Xss8m",
+            "-cp",
+            os.pathsep.join(j for j in jars if "/scala-" in j),
+            "scala.tools.nsc.Main",
+            "-nowarn",
+            "-release",
+            "17",
+            "-d",
+            str(classes),
+            "-classpath",
+            cp,
+            *sources,
+        ]
         subprocess.run(cmd, check=True)
         out_jar.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(out_jar, "w", zipfile.ZIP_DEFLATED) as zf:

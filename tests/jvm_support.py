@@ -41,10 +41,28 @@ def python_path_for_worker() -> str:
     return str(Path(pystatestore.__file__).resolve().parent.parent)
 
 
-def run_spark_submit(main_class: str, jar: Path, args: list[str], *, master: str = "local[2]",
-                     extra_conf: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = [spark_submit(), "--master", master, "--class", main_class, "--jars", pystatestore.jar_path(),
-           "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.python={sys.executable}"]
+def run_spark_submit(
+    main_class: str,
+    jar: Path,
+    args: list[str],
+    *,
+    master: str = "local[2]",
+    extra_conf: dict[str, str] | None = None,
+    timeout: int = 900,
+) -> subprocess.CompletedProcess:
+    cmd = [
+        spark_submit(),
+        "--master",
+        master,
+        "--class",
+        main_class,
+        "--jars",
+        pystatestore.jar_path(),
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+    ]
     for k, v in (extra_conf or {}).items():
         cmd += ["--conf", f"{k}={v}"]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)

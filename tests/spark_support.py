@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pystatestore
 from pyspark.sql import DataFrame, SparkSession
+
+import pystatestore
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -25,13 +26,16 @@ def start_session(master: str, app: str = "pystatestore-tests", **conf: str) -> 
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    builder = (SparkSession.builder.master(master).appName(app)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "3")
-               .config("spark.default.parallelism", "2")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "3")
+        .config("spark.default.parallelism", "2")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+    )
     if master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "768m")
     for k, v in conf.items():
@@ -41,8 +45,9 @@ def start_session(master: str, app: str = "pystatestore-tests", **conf: str) -> 
     return spark
 
 
-def write_input_files(input_dir: Path, first_file: int, count: int, *, rows: int = 120, keys: int = 15,
-                      seed: int = 7) -> None:
+def write_input_files(
+    input_dir: Path, first_file: int, count: int, *, rows: int = 120, keys: int = 15, seed: int = 7
+) -> None:
     """Deterministic event files: file i holds events with event time around i * 10 s."""
     input_dir.mkdir(parents=True, exist_ok=True)
     for i in range(first_file, first_file + count):
@@ -50,8 +55,16 @@ def write_input_files(input_dir: Path, first_file: int, count: int, *, rows: int
         lines = []
         for j in range(rows):
             key = f"k{rnd.randrange(keys) + (i // 3) * 5}"  # keys drift, so some go quiet and time out
-            lines.append(json.dumps({"id": rnd.randrange(rows * 4), "key": key, "value": rnd.randrange(100),
-                                     "ts": f"2026-01-01 00:{(i * 10 + j % 10) // 60:02d}:{(i * 10 + j % 10) % 60:02d}"}))
+            lines.append(
+                json.dumps(
+                    {
+                        "id": rnd.randrange(rows * 4),
+                        "key": key,
+                        "value": rnd.randrange(100),
+                        "ts": f"2026-01-01 00:{(i * 10 + j % 10) // 60:02d}:{(i * 10 + j % 10) % 60:02d}",
+                    }
+                )
+            )
         tmp = input_dir / f".f{i:04d}.json.tmp"
         tmp.write_text("\n".join(lines) + "\n")
         # The file source orders files by mtime; equal mtimes would make batch contents random.
@@ -59,25 +72,46 @@ def write_input_files(input_dir: Path, first_file: int, count: int, *, rows: int
         tmp.rename(input_dir / f"f{i:04d}.json")
 
 
-def run_phase(spark: SparkSession, build: Callable[[DataFrame], DataFrame], *, provider: str, input_dir: Path,
-              checkpoint: Path, output_mode: str, results: dict[int, list[tuple]]) -> Any:
+def run_phase(
+    spark: SparkSession,
+    build: Callable[[DataFrame], DataFrame],
+    *,
+    provider: str,
+    input_dir: Path,
+    checkpoint: Path,
+    output_mode: str,
+    results: dict[int, list[tuple]],
+) -> Any:
     """Runs the query over everything available (one file per micro-batch) and stops it."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-    source = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir)))
+    source = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
 
     def collect(batch: DataFrame, batch_id: int) -> None:
         results[batch_id] = sorted(tuple(r) for r in batch.collect())
 
-    query = (build(source).writeStream.outputMode(output_mode).foreachBatch(collect)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query = (
+        build(source)
+        .writeStream.outputMode(output_mode)
+        .foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(600)
     if query.exception() is not None:
         raise AssertionError(f"query failed: {query.exception()}")
     return query.lastProgress
 
 
-def run_with_restart(spark: SparkSession, build: Callable[[DataFrame], DataFrame], *, provider: str, workdir: Path,
-                     output_mode: str, files_per_phase: int = 3) -> tuple[dict[int, list[tuple]], Any]:
+def run_with_restart(
+    spark: SparkSession,
+    build: Callable[[DataFrame], DataFrame],
+    *,
+    provider: str,
+    workdir: Path,
+    output_mode: str,
+    files_per_phase: int = 3,
+) -> tuple[dict[int, list[tuple]], Any]:
     """Two phases on one checkpoint: run, stop, add input, restart. Returns all batch outputs."""
     name = provider.rsplit(".", 1)[-1]
     input_dir, checkpoint = workdir / f"in-{name}", workdir / f"ckpt-{name}"
@@ -85,9 +119,23 @@ def run_with_restart(spark: SparkSession, build: Callable[[DataFrame], DataFrame
     shutil.rmtree(checkpoint, ignore_errors=True)
     results: dict[int, list[tuple]] = {}
     write_input_files(input_dir, 0, files_per_phase)
-    run_phase(spark, build, provider=provider, input_dir=input_dir, checkpoint=checkpoint, output_mode=output_mode,
-              results=results)
+    run_phase(
+        spark,
+        build,
+        provider=provider,
+        input_dir=input_dir,
+        checkpoint=checkpoint,
+        output_mode=output_mode,
+        results=results,
+    )
     write_input_files(input_dir, files_per_phase, files_per_phase)
-    progress = run_phase(spark, build, provider=provider, input_dir=input_dir, checkpoint=checkpoint,
-                         output_mode=output_mode, results=results)
+    progress = run_phase(
+        spark,
+        build,
+        provider=provider,
+        input_dir=input_dir,
+        checkpoint=checkpoint,
+        output_mode=output_mode,
+        results=results,
+    )
     return results, progress

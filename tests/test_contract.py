@@ -17,15 +17,18 @@ SCENARIOS = re.findall(r'scenario\("([a-z0-9_]+)"\)', (ROOT / "tests" / "jvm" / 
 def contract_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
     work = tmp_path_factory.mktemp("contract")
-    proc = run_spark_submit("org.pystatestore.tests.ContractSuite", jar,
-                            [str(work), sys.executable, python_path_for_worker()])
+    proc = run_spark_submit(
+        "org.pystatestore.tests.ContractSuite", jar, [str(work), sys.executable, python_path_for_worker()]
+    )
     results = {}
     for line in proc.stdout.splitlines():
         m = re.match(r"^(PASS|FAIL) ([a-z0-9_]+)(?:: (.*))?$", line)
         if m:
             results[m.group(2)] = m.group(1) if m.group(1) == "PASS" else f"FAIL: {m.group(3)}"
     if "CONTRACT DONE" not in proc.stdout:
-        pytest.fail(f"contract suite did not finish (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"contract suite did not finish (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return results
 
 

@@ -48,9 +48,17 @@ def pandas_sessions(df: DataFrame) -> DataFrame:
         state.setTimeoutTimestamp(latest + 15_000)
         yield pd.DataFrame({"key": [key[0]], "count": [count], "timed_out": [False]})
 
-    return (df.withWatermark("ts", "5 seconds").groupBy("key")
-            .applyInPandasWithState(count_until_quiet, "key string, count long, timed_out boolean", "count long",
-                                    "update", GroupStateTimeout.EventTimeTimeout))
+    return (
+        df.withWatermark("ts", "5 seconds")
+        .groupBy("key")
+        .applyInPandasWithState(
+            count_until_quiet,
+            "key string, count long, timed_out boolean",
+            "count long",
+            "update",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+    )
 
 
 SCENARIOS = {

@@ -35,22 +35,37 @@ def snapshot_tree(root: Path) -> dict[str, bytes]:
 def first_phase(spark: SparkSession, tmp_path: Path) -> tuple[Path, Path]:
     input_dir, ckpt = tmp_path / "in", tmp_path / "ckpt"
     write_input_files(input_dir, 0, 2)
-    run_phase(spark, aggregation, provider=OUR_PROVIDER, input_dir=input_dir, checkpoint=ckpt, output_mode="update",
-              results={})
+    run_phase(
+        spark,
+        aggregation,
+        provider=OUR_PROVIDER,
+        input_dir=input_dir,
+        checkpoint=ckpt,
+        output_mode="update",
+        results={},
+    )
     write_input_files(input_dir, 2, 1)
     return input_dir, ckpt
 
 
 def restart_error(spark: SparkSession, input_dir: Path, ckpt: Path) -> str:
     with pytest.raises(Exception) as e:
-        run_phase(spark, aggregation, provider=OUR_PROVIDER, input_dir=input_dir, checkpoint=ckpt,
-                  output_mode="update", results={})
+        run_phase(
+            spark,
+            aggregation,
+            provider=OUR_PROVIDER,
+            input_dir=input_dir,
+            checkpoint=ckpt,
+            output_mode="update",
+            results={},
+        )
     return str(e.value)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
-def test_damaged_manifest_names_store_version_file_and_deletes_nothing(spark: SparkSession, tmp_path: Path,
-                                                                       damage: str) -> None:
+def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
+    spark: SparkSession, tmp_path: Path, damage: str
+) -> None:
     input_dir, ckpt = first_phase(spark, tmp_path)
     store = ckpt / "state" / "0" / "1"
     manifest = store / "manifests" / "2.json"
@@ -74,8 +89,9 @@ def test_missing_snapshot_names_the_file(spark: SparkSession, tmp_path: Path) ->
 
 
 def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_path: Path) -> None:
-    expected, _ = run_with_restart(spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref",
-                                   output_mode="update")
+    expected, _ = run_with_restart(
+        spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
+    )
     state_dir = tmp_path / "faulty" / "ckpt-PythonStateStoreProvider" / "state" / "0"
     jvm = spark._jvm
     killed: list[int] = []
@@ -98,8 +114,9 @@ def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_p
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     try:
-        actual, _ = run_with_restart(spark, aggregation, provider=OUR_PROVIDER, workdir=tmp_path / "faulty",
-                                     output_mode="update")
+        actual, _ = run_with_restart(
+            spark, aggregation, provider=OUR_PROVIDER, workdir=tmp_path / "faulty", output_mode="update"
+        )
     finally:
         stop.set()
         thread.join(10)

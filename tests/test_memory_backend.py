@@ -17,14 +17,27 @@ from pystatestore.remote import RemoteStore
 
 def changes(puts: dict[bytes, bytes] = {}, deletes: list[bytes] = ()) -> pa.Table:  # noqa: B006
     ops = [frames.OP_PUT] * len(puts) + [frames.OP_DELETE] * len(deletes)
-    return pa.table({"op": pa.array(ops, pa.int8()), "key": pa.array(list(puts) + list(deletes), pa.binary()),
-                     "value": pa.array(list(puts.values()) + [None] * len(deletes), pa.binary())},
-                    schema=frames.CHANGES_SCHEMA)
+    return pa.table(
+        {
+            "op": pa.array(ops, pa.int8()),
+            "key": pa.array(list(puts) + list(deletes), pa.binary()),
+            "value": pa.array(list(puts.values()) + [None] * len(deletes), pa.binary()),
+        },
+        schema=frames.CHANGES_SCHEMA,
+    )
 
 
 def make_backend(store_dir: Path, retain: int = 100, grace: float = 600.0) -> MemoryBackend:
-    ctx = StoreContext(store_dir=f"file:{store_dir}", operator_id=0, partition_id=3, store_name="default",
-                       key_schema="k", value_schema="v", min_versions_to_retain=retain, orphan_grace_seconds=grace)
+    ctx = StoreContext(
+        store_dir=f"file:{store_dir}",
+        operator_id=0,
+        partition_id=3,
+        store_name="default",
+        key_schema="k",
+        value_schema="v",
+        min_versions_to_retain=retain,
+        orphan_grace_seconds=grace,
+    )
     return MemoryBackend(ctx, RemoteStore(ctx.store_dir))
 
 
@@ -145,5 +158,7 @@ def test_maintenance_never_deletes_outside_the_store(tmp_path: Path) -> None:
         b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
     b.maintenance(now=1e12)
     assert neighbour.read_text() == "keep me"
-    assert all_files(store_dir) == {"manifests/3.json", next(
-        str(p.relative_to(store_dir)) for p in (store_dir / "private").rglob("snapshot.arrow"))}
+    assert all_files(store_dir) == {
+        "manifests/3.json",
+        next(str(p.relative_to(store_dir)) for p in (store_dir / "private").rglob("snapshot.arrow")),
+    }

@@ -21,8 +21,9 @@ def listing_for(versions: dict[int, list[str]], extra: list[tuple[str, float]] =
 
 def test_keeps_newest_and_retain_before_it() -> None:
     versions = {v: [f"private/{v}-a/snapshot.arrow"] for v in range(1, 11)}
-    plan = plan_retention(listing_for(versions), versions, min_versions_to_retain=3, now=NOW,
-                          orphan_grace_seconds=GRACE)
+    plan = plan_retention(
+        listing_for(versions), versions, min_versions_to_retain=3, now=NOW, orphan_grace_seconds=GRACE
+    )
     assert plan.lowest_retained == 7
     assert plan.kept_versions == (7, 8, 9, 10)
     assert plan.delete_manifests == tuple(sorted(f"manifests/{v}.json" for v in range(1, 7)))
@@ -31,8 +32,13 @@ def test_keeps_newest_and_retain_before_it() -> None:
 
 def test_file_shared_with_a_retained_version_is_kept() -> None:
     versions = {1: ["shared/x.sst", "private/1/M"], 2: ["shared/x.sst", "private/2/M"], 3: ["private/3/M"]}
-    plan = plan_retention(listing_for({k: v for k, v in versions.items()}), versions, min_versions_to_retain=1,
-                          now=NOW, orphan_grace_seconds=GRACE)
+    plan = plan_retention(
+        listing_for({k: v for k, v in versions.items()}),
+        versions,
+        min_versions_to_retain=1,
+        now=NOW,
+        orphan_grace_seconds=GRACE,
+    )
     assert plan.kept_versions == (2, 3)
     assert "shared/x.sst" not in plan.delete_files
     assert "private/1/M" in plan.delete_files
@@ -57,8 +63,9 @@ def test_unreadable_retained_manifest_blocks_data_deletion() -> None:
 
 
 def test_no_manifests_plans_nothing() -> None:
-    plan = plan_retention([RemoteFile("private/1/M", 1, 0.0)], {}, min_versions_to_retain=1, now=NOW,
-                          orphan_grace_seconds=GRACE)
+    plan = plan_retention(
+        [RemoteFile("private/1/M", 1, 0.0)], {}, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE
+    )
     assert plan.empty and plan.lowest_retained is None
 
 
@@ -72,8 +79,12 @@ def test_stale_manifest_temporaries_are_cleaned_after_grace() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    refs=st.dictionaries(st.integers(1, 40), st.lists(st.sampled_from([f"shared/{i}.sst" for i in range(12)]), max_size=5),
-                         min_size=1, max_size=15),
+    refs=st.dictionaries(
+        st.integers(1, 40),
+        st.lists(st.sampled_from([f"shared/{i}.sst" for i in range(12)]), max_size=5),
+        min_size=1,
+        max_size=15,
+    ),
     retain=st.integers(0, 10),
 )
 def test_never_deletes_what_a_retained_version_references(refs: dict[int, list[str]], retain: int) -> None:

@@ -28,15 +28,21 @@ def read_batches(path: Path) -> dict[int, str]:
 def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Path) -> None:
     jar = compile_test_jar("sessionization", [ROOT / "tests" / "jvm" / "Sessionization.scala"])
     input_dir = tmp_path / "in"
-    extra = {"spark.sql.streaming.stateStore.pystatestore.pythonPath": python_path_for_worker(),
-             "spark.sql.streaming.stateStore.pystatestore.pythonExec": sys.executable}
+    extra = {
+        "spark.sql.streaming.stateStore.pystatestore.pythonPath": python_path_for_worker(),
+        "spark.sql.streaming.stateStore.pystatestore.pythonExec": sys.executable,
+    }
     if master.startswith("local-cluster"):
         extra["spark.executor.memory"] = "768m"
     for phase in range(2):
         write_input_files(input_dir, phase * 3, 3)
-        proc = run_spark_submit("org.pystatestore.tests.Sessionization", jar,
-                                [str(input_dir), str(tmp_path), HDFS_PROVIDER, OUR_PROVIDER], master=master,
-                                extra_conf=extra)
+        proc = run_spark_submit(
+            "org.pystatestore.tests.Sessionization",
+            jar,
+            [str(input_dir), str(tmp_path), HDFS_PROVIDER, OUR_PROVIDER],
+            master=master,
+            extra_conf=extra,
+        )
         assert proc.returncode == 0, f"phase {phase} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     expected = read_batches(tmp_path / "HDFSBackedStateStoreProvider.out")
     actual = read_batches(tmp_path / "PythonStateStoreProvider.out")

@@ -18,8 +18,14 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkSession, object]]:
     spark = start_session("local[2]")
-    run_with_restart(spark, aggregation, provider=OUR_PROVIDER, workdir=tmp_path_factory.mktemp("sec"),
-                     output_mode="update", files_per_phase=1)
+    run_with_restart(
+        spark,
+        aggregation,
+        provider=OUR_PROVIDER,
+        workdir=tmp_path_factory.mktemp("sec"),
+        output_mode="update",
+        files_per_phase=1,
+    )
     current = spark._jvm.org.pystatestore.StateWorker.currentWorker()
     assert current.isDefined(), "the query should have started a state worker in this (local-mode) JVM"
     yield spark, current.get()
@@ -51,8 +57,11 @@ def test_gateway_listens_on_loopback_only(worker: tuple) -> None:
 @pytest.mark.parametrize("token", [None, "not-the-token"])
 def test_connection_without_the_token_is_refused(worker: tuple, token: str | None) -> None:
     _, w = worker
-    intruder = JavaGateway(gateway_parameters=GatewayParameters(
-        address="127.0.0.1", port=w.gatewayPort(), auth_token=token, auto_convert=False, eager_load=False))
+    intruder = JavaGateway(
+        gateway_parameters=GatewayParameters(
+            address="127.0.0.1", port=w.gatewayPort(), auth_token=token, auto_convert=False, eager_load=False
+        )
+    )
     try:
         with pytest.raises(Exception):  # noqa: B017 - py4j raises several types for a refused auth
             intruder.jvm.java.lang.System.getProperty("user.home")

@@ -1,8 +1,8 @@
 """pystatestore: Flink-style state checkpointing for Spark Structured Streaming, backends in Python.
 
-    from pyspark.sql import SparkSession
-    import pystatestore
-    spark = pystatestore.configure_spark(SparkSession.builder.master("local[2]")).getOrCreate()
+from pyspark.sql import SparkSession
+import pystatestore
+spark = pystatestore.configure_spark(SparkSession.builder.master("local[2]")).getOrCreate()
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def jar_path() -> str:
             return str(c)
     raise FileNotFoundError(
         f"pystatestore shim jar not found (looked at {', '.join(map(str, candidates))}). "
-        "Install pystatestore with 'pip install .' or build the jar with 'gradle jar'.")
+        "Install pystatestore with 'pip install .' or build the jar with 'gradle jar'."
+    )
 
 
 def configure_spark(builder: Any, *, python_exec: str | None = None, backend: str | None = None) -> Any:
@@ -45,10 +46,12 @@ def configure_spark(builder: Any, *, python_exec: str | None = None, backend: st
     jar = jar_path()
     if jar not in jars:
         jars.append(jar)
-    builder = (builder.config("spark.jars", ",".join(jars))
-               .config("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASS)
-               .config(CONF_PREFIX + "pythonExec", python_exec or sys.executable)
-               .config(CONF_PREFIX + "pythonPath", str(_PACKAGE_DIR.parent)))
+    builder = (
+        builder.config("spark.jars", ",".join(jars))
+        .config("spark.sql.streaming.stateStore.providerClass", PROVIDER_CLASS)
+        .config(CONF_PREFIX + "pythonExec", python_exec or sys.executable)
+        .config(CONF_PREFIX + "pythonPath", str(_PACKAGE_DIR.parent))
+    )
     if backend is not None:
         builder = builder.config(CONF_PREFIX + "backend", backend)
     return builder

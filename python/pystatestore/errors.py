@@ -8,8 +8,15 @@ class StateStoreError(Exception):
 
     advice = "Check the checkpoint location and the worker log."
 
-    def __init__(self, problem: str, *, store: str, version: int | None = None, file: str | None = None,
-                 advice: str | None = None) -> None:
+    def __init__(
+        self,
+        problem: str,
+        *,
+        store: str,
+        version: int | None = None,
+        file: str | None = None,
+        advice: str | None = None,
+    ) -> None:
         self.problem = problem
         self.store = store
         self.version = version
@@ -26,15 +33,19 @@ class StateStoreError(Exception):
 class CheckpointDamagedError(StateStoreError):
     """A manifest or data file exists but cannot be trusted (truncated, corrupt, wrong checksum)."""
 
-    advice = ("The checkpoint is damaged; nothing was deleted. Restore the file from a backup, or "
-              "restart the query from an earlier retained version or a new checkpoint location.")
+    advice = (
+        "The checkpoint is damaged; nothing was deleted. Restore the file from a backup, or "
+        "restart the query from an earlier retained version or a new checkpoint location."
+    )
 
 
 class CheckpointMissingError(StateStoreError):
     """A version or a file a manifest names is not there."""
 
-    advice = ("Nothing was deleted. If files were removed by hand, restore them; otherwise restart "
-              "the query from a new checkpoint location.")
+    advice = (
+        "Nothing was deleted. If files were removed by hand, restore them; otherwise restart "
+        "the query from a new checkpoint location."
+    )
 
 
 class InvalidPathError(StateStoreError):

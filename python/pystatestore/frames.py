@@ -26,7 +26,7 @@ def apply_changes(state: dict[bytes, bytes], changes: pa.Table) -> None:
     ops = changes.column("op").to_pylist()
     keys = changes.column("key").to_pylist()
     values = changes.column("value").to_pylist()
-    for op, key, value in zip(ops, keys, values):
+    for op, key, value in zip(ops, keys, values, strict=True):
         if op == OP_PUT:
             state[key] = value
         elif op == OP_DELETE:
@@ -42,8 +42,12 @@ def state_to_buffer(state: Mapping[bytes, bytes]) -> pa.Buffer:
     with pa.ipc.new_stream(sink, STATE_SCHEMA) as writer:
         for i in range(0, max(len(keys), 1), _BATCH_ROWS):
             chunk = keys[i : i + _BATCH_ROWS]
-            writer.write_batch(pa.record_batch(
-                [pa.array(chunk, pa.binary()), pa.array([state[k] for k in chunk], pa.binary())], schema=STATE_SCHEMA))
+            writer.write_batch(
+                pa.record_batch(
+                    [pa.array(chunk, pa.binary()), pa.array([state[k] for k in chunk], pa.binary())],
+                    schema=STATE_SCHEMA,
+                )
+            )
     return sink.getvalue()
 
 
@@ -51,7 +55,7 @@ def buffer_to_state(buf: pa.Buffer) -> dict[bytes, bytes]:
     table = pa.ipc.open_stream(buf).read_all()
     if not table.schema.equals(STATE_SCHEMA, check_metadata=False):
         raise ValueError(f"state frame has schema {table.schema}, expected {STATE_SCHEMA}")
-    return dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
+    return dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True))
 
 
 def write_buffer(path: str, buf: pa.Buffer) -> None:

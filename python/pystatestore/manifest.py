@@ -27,7 +27,9 @@ def checksum(data: bytes | memoryview | Any) -> str:
 
 
 def manifest_path(version: int, checkpoint_id: str | None = None) -> str:
-    return f"{MANIFEST_DIR}/{version}.json" if checkpoint_id is None else f"{MANIFEST_DIR}/{version}-{checkpoint_id}.json"
+    return (
+        f"{MANIFEST_DIR}/{version}.json" if checkpoint_id is None else f"{MANIFEST_DIR}/{version}-{checkpoint_id}.json"
+    )
 
 
 def version_of_manifest(name: str) -> int | None:
@@ -70,6 +72,7 @@ class Manifest:
     @staticmethod
     def from_json(data: bytes, *, store: str, version: int, file: str) -> Manifest:
         """Parses and validates; any problem names the store, version and manifest file."""
+
         def damaged(why: str) -> CheckpointDamagedError:
             return CheckpointDamagedError(f"manifest is unreadable ({why})", store=store, version=version, file=file)
 
@@ -84,17 +87,29 @@ class Manifest:
         try:
             refs = {
                 kind: {
-                    str(name): FileRef(validate_relative_path(r["path"], store=store, version=version), int(r["size"]), str(r["checksum"]))
+                    str(name): FileRef(
+                        validate_relative_path(r["path"], store=store, version=version),
+                        int(r["size"]),
+                        str(r["checksum"]),
+                    )
                     for name, r in doc[kind].items()
                 }
                 for kind in ("shared", "private")
             }
             m = Manifest(
-                store=dict(doc["store"]), version=int(doc["version"]), base_version=int(doc["base_version"]),
-                backend=str(doc["backend"]), key_schema=str(doc["key_schema"]), value_schema=str(doc["value_schema"]),
-                num_keys=int(doc["num_keys"]), attempt_id=str(doc["attempt_id"]), shared=refs["shared"],
-                private=refs["private"], checkpoint_id=doc.get("checkpoint_id"),
-                column_families=list(doc.get("column_families", ["default"])), created_at=float(doc["created_at"]),
+                store=dict(doc["store"]),
+                version=int(doc["version"]),
+                base_version=int(doc["base_version"]),
+                backend=str(doc["backend"]),
+                key_schema=str(doc["key_schema"]),
+                value_schema=str(doc["value_schema"]),
+                num_keys=int(doc["num_keys"]),
+                attempt_id=str(doc["attempt_id"]),
+                shared=refs["shared"],
+                private=refs["private"],
+                checkpoint_id=doc.get("checkpoint_id"),
+                column_families=list(doc.get("column_families", ["default"])),
+                created_at=float(doc["created_at"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None

@@ -23,8 +23,7 @@ def validate_relative_path(rel: str, *, store: str, version: int | None = None) 
         raise InvalidPathError(f"invalid path {rel!r} in a manifest", store=store, version=version, file=str(rel))
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts) or ":" in parts[0]:
-        raise InvalidPathError(f"path {rel!r} would leave the store directory", store=store,
-                               version=version, file=rel)
+        raise InvalidPathError(f"path {rel!r} would leave the store directory", store=store, version=version, file=rel)
     return rel
 
 
@@ -35,7 +34,7 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
         path = parsed.path if parsed.scheme else uri
         return pafs.LocalFileSystem(), posixpath.normpath(path)
     if parsed.scheme in ("s3a", "s3n"):
-        uri = "s3" + uri[len(parsed.scheme):]
+        uri = "s3" + uri[len(parsed.scheme) :]
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -89,8 +88,9 @@ class RemoteStore:
             with self.fs.open_input_file(path) as f:
                 return f.read_buffer()
         except FileNotFoundError as e:
-            raise CheckpointMissingError("a file the checkpoint needs is missing", store=self.uri,
-                                         version=version, file=rel) from e
+            raise CheckpointMissingError(
+                "a file the checkpoint needs is missing", store=self.uri, version=version, file=rel
+            ) from e
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound

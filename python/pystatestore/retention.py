@@ -58,20 +58,28 @@ def plan_retention(
         return RetentionPlan(None, (), (), ())
     kept = sorted(v for v in referenced_by_version if v >= lowest)
     expired_manifests = tuple(
-        sorted(f.path for f in files
-               if f.path.startswith(MANIFEST_DIR + "/")
-               and (v := version_of_manifest(f.path)) is not None and v < lowest))
+        sorted(
+            f.path
+            for f in files
+            if f.path.startswith(MANIFEST_DIR + "/") and (v := version_of_manifest(f.path)) is not None and v < lowest
+        )
+    )
     stale_temporaries = tuple(
-        f.path for f in files
-        if f.path.startswith(MANIFEST_DIR + "/") and version_of_manifest(f.path) is None
-        and now - f.mtime > orphan_grace_seconds)
+        f.path
+        for f in files
+        if f.path.startswith(MANIFEST_DIR + "/")
+        and version_of_manifest(f.path) is None
+        and now - f.mtime > orphan_grace_seconds
+    )
     if any(referenced_by_version[v] is None for v in kept):
         return RetentionPlan(lowest, expired_manifests, stale_temporaries, tuple(kept))
     live = {p for v in kept for p in (referenced_by_version[v] or ())}
     once_committed = {p for v, refs in referenced_by_version.items() if v < lowest and refs for p in refs}
     doomed = [
-        f.path for f in files
-        if f.path.startswith(DATA_DIRS) and f.path not in live
+        f.path
+        for f in files
+        if f.path.startswith(DATA_DIRS)
+        and f.path not in live
         and (f.path in once_committed or now - f.mtime > orphan_grace_seconds)
     ]
     return RetentionPlan(lowest, expired_manifests, tuple(sorted(doomed)) + stale_temporaries, tuple(kept))

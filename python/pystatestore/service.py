@@ -31,11 +31,20 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
     try:
         grace = float(options.get("orphanGraceSeconds", DEFAULT_ORPHAN_GRACE_SECONDS))
     except ValueError:
-        raise StoreConfigError(f"orphanGraceSeconds={options['orphanGraceSeconds']!r} is not a number", store=store) from None
+        raise StoreConfigError(
+            f"orphanGraceSeconds={options['orphanGraceSeconds']!r} is not a number", store=store
+        ) from None
     return StoreContext(
-        store_dir=store, operator_id=int(desc["operatorId"]), partition_id=int(desc["partitionId"]),
-        store_name=str(desc["storeName"]), key_schema=str(desc["keySchema"]), value_schema=str(desc["valueSchema"]),
-        min_versions_to_retain=int(desc["minVersionsToRetain"]), orphan_grace_seconds=grace, options=options)
+        store_dir=store,
+        operator_id=int(desc["operatorId"]),
+        partition_id=int(desc["partitionId"]),
+        store_name=str(desc["storeName"]),
+        key_schema=str(desc["keySchema"]),
+        value_schema=str(desc["valueSchema"]),
+        min_versions_to_retain=int(desc["minVersionsToRetain"]),
+        orphan_grace_seconds=grace,
+        options=options,
+    )
 
 
 def make_backend(ctx: StoreContext) -> StateBackend:
@@ -87,8 +96,12 @@ class StoreService:
             with store.lock:
                 result = store.backend.load(int(version))
             frames.write_buffer(out_path, result.frame)
-            return {"numKeys": result.num_keys, "bytes": result.bytes_read, "source": result.source,
-                    "loadMs": _ms(started)}
+            return {
+                "numKeys": result.num_keys,
+                "bytes": result.bytes_read,
+                "source": result.source,
+                "loadMs": _ms(started),
+            }
 
         return _reply(run)
 
@@ -99,8 +112,14 @@ class StoreService:
             changes = frames.read_changes(changes_path)
             with store.lock:
                 result = store.backend.commit(int(base_version), changes, str(attempt_id))
-            return {"version": result.version, "numKeys": result.num_keys, "bytesWritten": result.bytes_written,
-                    "filesWritten": result.files_written, "manifest": result.manifest, "commitMs": _ms(started)}
+            return {
+                "version": result.version,
+                "numKeys": result.num_keys,
+                "bytesWritten": result.bytes_written,
+                "filesWritten": result.files_written,
+                "manifest": result.manifest,
+                "commitMs": _ms(started),
+            }
 
         return _reply(run)
 
@@ -144,5 +163,11 @@ def _reply(fn: Callable[[], dict[str, Any]]) -> str:
         return json.dumps({"error": {"type": type(e).__name__, "message": str(e)}})
     except Exception as e:  # noqa: BLE001 - every failure must reach the JVM as a reply
         log.error("unexpected failure\n%s", traceback.format_exc())
-        return json.dumps({"error": {"type": type(e).__name__,
-                                     "message": f"pystatestore worker error: {type(e).__name__}: {e} (see the worker log)"}})
+        return json.dumps(
+            {
+                "error": {
+                    "type": type(e).__name__,
+                    "message": f"pystatestore worker error: {type(e).__name__}: {e} (see the worker log)",
+                }
+            }
+        )

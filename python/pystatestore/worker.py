@@ -19,8 +19,11 @@ LOOPBACK = "127.0.0.1"
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s",
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every call at INFO
     log = logging.getLogger("pystatestore.worker")
     try:
@@ -32,7 +35,8 @@ def main() -> int:
     gateway = JavaGateway(
         gateway_parameters=GatewayParameters(address=LOOPBACK, port=port, auth_token=token, auto_convert=False),
         callback_server_parameters=CallbackServerParameters(
-            address=LOOPBACK, port=0, auth_token=token, daemonize=True, daemonize_connections=True),
+            address=LOOPBACK, port=0, auth_token=token, daemonize=True, daemonize_connections=True
+        ),
     )
     service = StoreService()
     callback_port = gateway.get_callback_server().get_listening_port()

@@ -27,8 +27,12 @@ class StoreContext:
 
     @property
     def identity(self) -> dict[str, Any]:
-        return {"dir": self.store_dir, "operatorId": self.operator_id, "partitionId": self.partition_id,
-                "storeName": self.store_name}
+        return {
+            "dir": self.store_dir,
+            "operatorId": self.operator_id,
+            "partitionId": self.partition_id,
+            "storeName": self.store_name,
+        }
 
 
 @dataclass(frozen=True)
@@ -67,5 +71,5 @@ class StateBackend(abc.ABC):
     @abc.abstractmethod
     def maintenance(self, now: float) -> dict[str, Any]: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stateless backends
         """Drops in-memory state; files stay."""

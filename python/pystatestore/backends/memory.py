@@ -37,25 +37,37 @@ class MemoryBackend(StateBackend):
         if not self.remote.exists(rel):
             raise CheckpointMissingError(
                 "this version was never committed or has been removed by retention",
-                store=self.ctx.store_dir, version=version, file=rel,
+                store=self.ctx.store_dir,
+                version=version,
+                file=rel,
                 advice="Spark asked for a version the checkpoint does not hold; check "
-                       "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited.")
+                "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited.",
+            )
         data = self.remote.read_bytes(rel, version=version)
         return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
 
     def _read_verified(self, version: int, ref_name: str, manifest: Manifest) -> pa.Buffer:
         ref = manifest.private.get(ref_name)
         if ref is None:
-            raise CheckpointDamagedError(f"manifest lists no {ref_name}", store=self.ctx.store_dir,
-                                         version=version, file=manifest_path(version))
+            raise CheckpointDamagedError(
+                f"manifest lists no {ref_name}", store=self.ctx.store_dir, version=version, file=manifest_path(version)
+            )
         data = self.remote.read_bytes(ref.path, version=version)
         if data.size != ref.size:
-            raise CheckpointDamagedError(f"file has {data.size} bytes, the manifest says {ref.size}",
-                                         store=self.ctx.store_dir, version=version, file=ref.path)
+            raise CheckpointDamagedError(
+                f"file has {data.size} bytes, the manifest says {ref.size}",
+                store=self.ctx.store_dir,
+                version=version,
+                file=ref.path,
+            )
         actual = checksum(data)
         if actual != ref.checksum:
-            raise CheckpointDamagedError(f"checksum {actual} does not match the manifest's {ref.checksum}",
-                                         store=self.ctx.store_dir, version=version, file=ref.path)
+            raise CheckpointDamagedError(
+                f"checksum {actual} does not match the manifest's {ref.checksum}",
+                store=self.ctx.store_dir,
+                version=version,
+                file=ref.path,
+            )
         return data
 
     def _state(self, version: int) -> tuple[dict[bytes, bytes], int]:
@@ -70,8 +82,12 @@ class MemoryBackend(StateBackend):
         try:
             state = frames.buffer_to_state(data)
         except (pa.ArrowInvalid, ValueError) as e:
-            raise CheckpointDamagedError(f"snapshot is not a valid Arrow stream ({e})", store=self.ctx.store_dir,
-                                         version=version, file=manifest.private[SNAPSHOT_FILE].path) from None
+            raise CheckpointDamagedError(
+                f"snapshot is not a valid Arrow stream ({e})",
+                store=self.ctx.store_dir,
+                version=version,
+                file=manifest.private[SNAPSHOT_FILE].path,
+            ) from None
         self._remember(version, state)
         return state, data.size
 
@@ -95,9 +111,16 @@ class MemoryBackend(StateBackend):
         rel = f"private/{version}-{uuid.uuid4().hex}/{SNAPSHOT_FILE}"
         self.remote.write_bytes(rel, snapshot)
         manifest = Manifest(
-            store=self.ctx.identity, version=version, base_version=base_version, backend=self.name,
-            key_schema=self.ctx.key_schema, value_schema=self.ctx.value_schema, num_keys=len(state),
-            attempt_id=attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
+            store=self.ctx.identity,
+            version=version,
+            base_version=base_version,
+            backend=self.name,
+            key_schema=self.ctx.key_schema,
+            value_schema=self.ctx.value_schema,
+            num_keys=len(state),
+            attempt_id=attempt_id,
+            private={SNAPSHOT_FILE: _ref(rel, snapshot)},
+        )
         body = manifest.to_json()
         self.remote.write_atomic(manifest_path(version), body)  # the commit point
         self._remember(version, state)
@@ -117,8 +140,13 @@ class MemoryBackend(StateBackend):
                 refs[v] = [r.path for r in self.read_manifest(v).files()]
             except (CheckpointDamagedError, CheckpointMissingError):
                 refs[v] = None  # unknown needs: keep every data file
-        plan = plan_retention(manifests + data_files, refs, min_versions_to_retain=self.ctx.min_versions_to_retain,
-                              now=now, orphan_grace_seconds=self.ctx.orphan_grace_seconds)
+        plan = plan_retention(
+            manifests + data_files,
+            refs,
+            min_versions_to_retain=self.ctx.min_versions_to_retain,
+            now=now,
+            orphan_grace_seconds=self.ctx.orphan_grace_seconds,
+        )
         # Manifests first: a crash after this leaves only unreferenced files, which the next run removes.
         for rel in plan.delete_manifests:
             self.remote.delete(rel)
@@ -128,8 +156,12 @@ class MemoryBackend(StateBackend):
             self.remote.delete_empty_dirs("private")
         for v in [v for v in self._versions if plan.lowest_retained is not None and v < plan.lowest_retained]:
             del self._versions[v]
-        return {"lowestRetained": plan.lowest_retained, "deletedManifests": len(plan.delete_manifests),
-                "deletedFiles": len(plan.delete_files), "keptVersions": len(plan.kept_versions)}
+        return {
+            "lowestRetained": plan.lowest_retained,
+            "deletedManifests": len(plan.delete_manifests),
+            "deletedFiles": len(plan.delete_files),
+            "keptVersions": len(plan.kept_versions),
+        }
 
     def close(self) -> None:
         self._versions.clear()
