@@ -118,24 +118,16 @@ def run_with_restart(
     shutil.rmtree(input_dir, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
     results: dict[int, list[tuple]] = {}
-    write_input_files(input_dir, 0, files_per_phase)
-    run_phase(
-        spark,
-        build,
-        provider=provider,
-        input_dir=input_dir,
-        checkpoint=checkpoint,
-        output_mode=output_mode,
-        results=results,
-    )
-    write_input_files(input_dir, files_per_phase, files_per_phase)
-    progress = run_phase(
-        spark,
-        build,
-        provider=provider,
-        input_dir=input_dir,
-        checkpoint=checkpoint,
-        output_mode=output_mode,
-        results=results,
-    )
+    progress = None
+    for phase in range(2):
+        write_input_files(input_dir, phase * files_per_phase, files_per_phase)
+        progress = run_phase(
+            spark,
+            build,
+            provider=provider,
+            input_dir=input_dir,
+            checkpoint=checkpoint,
+            output_mode=output_mode,
+            results=results,
+        )
     return results, progress

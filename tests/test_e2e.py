@@ -3,6 +3,7 @@ each with a stop and a restart from the same checkpoint, on local[2] and local-c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,8 +85,10 @@ def test_same_rows_as_the_builtin_provider(spark: SparkSession, scenario: str, t
     state_dir = tmp_path / "ckpt-PythonStateStoreProvider" / "state" / "0"
     assert any(state_dir.glob("*/manifests/*.json"))
     if spark.sparkContext.master.startswith("local-cluster"):
-        # stores ran in the executor JVMs, each with its own worker; the driver never started one
-        assert spark._jvm.org.pystatestore.StateWorker.currentWorker().isEmpty()
+        # every version was written by a worker of an executor JVM, never one of the driver's
+        driver_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+        writers = {json.loads(m.read_text())["writer"]["jvmPid"] for m in state_dir.glob("*/manifests/*.json")}
+        assert writers and driver_pid not in writers, (driver_pid, writers)
 
 
 def test_timeouts_fired_in_the_pandas_scenario(spark: SparkSession, tmp_path: Path) -> None:

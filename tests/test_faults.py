@@ -32,9 +32,7 @@ def snapshot_tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def first_phase(spark: SparkSession, tmp_path: Path) -> tuple[Path, Path]:
-    input_dir, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    write_input_files(input_dir, 0, 2)
+def run_ours(spark: SparkSession, input_dir: Path, ckpt: Path) -> None:
     run_phase(
         spark,
         aggregation,
@@ -44,21 +42,19 @@ def first_phase(spark: SparkSession, tmp_path: Path) -> tuple[Path, Path]:
         output_mode="update",
         results={},
     )
+
+
+def first_phase(spark: SparkSession, tmp_path: Path) -> tuple[Path, Path]:
+    input_dir, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    write_input_files(input_dir, 0, 2)
+    run_ours(spark, input_dir, ckpt)
     write_input_files(input_dir, 2, 1)
     return input_dir, ckpt
 
 
 def restart_error(spark: SparkSession, input_dir: Path, ckpt: Path) -> str:
     with pytest.raises(Exception) as e:
-        run_phase(
-            spark,
-            aggregation,
-            provider=OUR_PROVIDER,
-            input_dir=input_dir,
-            checkpoint=ckpt,
-            output_mode="update",
-            results={},
-        )
+        run_ours(spark, input_dir, ckpt)
     return str(e.value)
 
 

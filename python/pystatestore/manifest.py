@@ -7,7 +7,9 @@ its structure and every path in it before anything else trusts it.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -38,6 +40,11 @@ def version_of_manifest(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def current_writer() -> dict[str, Any]:
+    """Who wrote a manifest: host, worker pid and its JVM's pid (diagnostics only)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "jvmPid": os.getppid()}
+
+
 @dataclass(frozen=True)
 class FileRef:
     path: str  # relative to the store directory
@@ -60,6 +67,7 @@ class Manifest:
     checkpoint_id: str | None = None
     column_families: list[str] = field(default_factory=lambda: ["default"])
     created_at: float = field(default_factory=time.time)
+    writer: dict[str, Any] = field(default_factory=lambda: current_writer())
     format: int = FORMAT_VERSION
 
     def files(self) -> list[FileRef]:
@@ -110,6 +118,7 @@ class Manifest:
                 checkpoint_id=doc.get("checkpoint_id"),
                 column_families=list(doc.get("column_families", ["default"])),
                 created_at=float(doc["created_at"]),
+                writer=dict(doc.get("writer") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None
