@@ -57,7 +57,8 @@ def compile_jar(
             cp,
             *sources,
         ]
-        subprocess.run(cmd, check=True)
+        if subprocess.run(cmd).returncode != 0:  # scalac has printed its errors
+            raise SystemExit(f"scalac failed to compile {len(sources)} source file(s); see the errors above")
         out_jar.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(out_jar, "w", zipfile.ZIP_DEFLATED) as zf:
             for f in sorted(classes.rglob("*")):

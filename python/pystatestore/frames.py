@@ -35,6 +35,10 @@ def apply_changes(state: dict[bytes, bytes], changes: pa.Table) -> None:
             raise ValueError(f"unknown op {op} in change frame")
 
 
+def state_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=STATE_SCHEMA)
+
+
 def state_to_buffer(state: Mapping[bytes, bytes]) -> pa.Buffer:
     """Serialises key/value pairs as one Arrow IPC stream (also the memory backend's snapshot)."""
     sink = pa.BufferOutputStream()
@@ -42,12 +46,7 @@ def state_to_buffer(state: Mapping[bytes, bytes]) -> pa.Buffer:
     with pa.ipc.new_stream(sink, STATE_SCHEMA) as writer:
         for i in range(0, max(len(keys), 1), _BATCH_ROWS):
             chunk = keys[i : i + _BATCH_ROWS]
-            writer.write_batch(
-                pa.record_batch(
-                    [pa.array(chunk, pa.binary()), pa.array([state[k] for k in chunk], pa.binary())],
-                    schema=STATE_SCHEMA,
-                )
-            )
+            writer.write_batch(state_batch(chunk, [state[k] for k in chunk]))
     return sink.getvalue()
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import time
+import uuid
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -68,6 +69,8 @@ class Manifest:
     column_families: list[str] = field(default_factory=lambda: ["default"])
     created_at: float = field(default_factory=time.time)
     writer: dict[str, Any] = field(default_factory=lambda: current_writer())
+    # Identifies this commit among attempts at the same version (the last manifest written wins).
+    manifest_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     format: int = FORMAT_VERSION
 
     def files(self) -> list[FileRef]:
@@ -119,6 +122,7 @@ class Manifest:
                 column_families=list(doc.get("column_families", ["default"])),
                 created_at=float(doc["created_at"]),
                 writer=dict(doc.get("writer") or {}),
+                manifest_id=str(doc.get("manifest_id", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None

@@ -82,6 +82,20 @@ class RemoteStore:
             out.write(data)
         self.fs.move(tmp, path)  # rename(2): atomic replace on POSIX
 
+    def create_parent(self, rel: str) -> None:
+        self.fs.create_dir(posixpath.dirname(self._abs(rel)), recursive=True)
+
+    def open_output(self, rel: str) -> pa.NativeFile:
+        return self.fs.open_output_stream(self._abs(rel))
+
+    def open_input(self, rel: str, *, version: int | None = None) -> pa.NativeFile:
+        try:
+            return self.fs.open_input_stream(self._abs(rel, version))
+        except FileNotFoundError as e:
+            raise CheckpointMissingError(
+                "a file the checkpoint needs is missing", store=self.uri, version=version, file=rel
+            ) from e
+
     def read_bytes(self, rel: str, *, version: int | None = None) -> pa.Buffer:
         path = self._abs(rel, version)
         try:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .manifest import MANIFEST_DIR, version_of_manifest
+from .registry import SharedStateRegistry
 from .remote import RemoteFile
 
 DATA_DIRS = ("shared/", "private/", "changelog/")
@@ -47,10 +48,10 @@ def plan_retention(
 
     `referenced_by_version` maps every version that has a manifest to the files it references, or
     to None when its manifest could not be read: then no data file is deleted at all, because what
-    that version needs is unknown. Manifests below the lowest retained version go; data files go
-    when no retained manifest references them and either an expired manifest did (they were
-    committed once) or they are older than the grace period (orphans of crashed or in-flight
-    attempts, which another executor may still be writing).
+    that version needs is unknown. Manifests below the lowest retained version go. Data files go
+    when the registry rebuilt from the manifests says their last user is older than the lowest
+    retained version, or when no manifest references them and they are older than the grace
+    period (orphans of crashed or in-flight attempts, which another executor may still be writing).
     """
     files = list(listing)
     lowest = lowest_retained_version(referenced_by_version.keys(), min_versions_to_retain)
@@ -73,13 +74,12 @@ def plan_retention(
     )
     if any(referenced_by_version[v] is None for v in kept):
         return RetentionPlan(lowest, expired_manifests, stale_temporaries, tuple(kept))
-    live = {p for v in kept for p in (referenced_by_version[v] or ())}
-    once_committed = {p for v, refs in referenced_by_version.items() if v < lowest and refs for p in refs}
+    registry = SharedStateRegistry.from_manifests({v: refs or () for v, refs in referenced_by_version.items()})
+    unused = set(registry.unused_before(lowest))
     doomed = [
         f.path
         for f in files
         if f.path.startswith(DATA_DIRS)
-        and f.path not in live
-        and (f.path in once_committed or now - f.mtime > orphan_grace_seconds)
+        and (f.path in unused or (f.path not in registry and now - f.mtime > orphan_grace_seconds))
     ]
     return RetentionPlan(lowest, expired_manifests, tuple(sorted(doomed)) + stale_temporaries, tuple(kept))

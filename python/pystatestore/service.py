@@ -44,6 +44,7 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
         min_versions_to_retain=int(desc["minVersionsToRetain"]),
         orphan_grace_seconds=grace,
         options=options,
+        local_dir=str(desc.get("localDir", "")),
     )
 
 
@@ -119,6 +120,7 @@ class StoreService:
                 "filesWritten": result.files_written,
                 "manifest": result.manifest,
                 "commitMs": _ms(started),
+                **result.metrics,
             }
 
         return _reply(run)

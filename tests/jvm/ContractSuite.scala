@@ -38,10 +38,12 @@ object ContractSuite {
   private var pythonExec: String = _
   private var pythonPath: String = _
 
+  // Projections reuse one output buffer and are not thread-safe; scenarios use several threads.
   def key(s: String, i: Int = 0): UnsafeRow =
-    keyProj(InternalRow(UTF8String.fromString(s), i)).copy()
-  def value(v: Int): UnsafeRow = valueProj(InternalRow(v)).copy()
-  def prefix(s: String): UnsafeRow = prefixProj(InternalRow(UTF8String.fromString(s))).copy()
+    keyProj.synchronized { keyProj(InternalRow(UTF8String.fromString(s), i)).copy() }
+  def value(v: Int): UnsafeRow = valueProj.synchronized { valueProj(InternalRow(v)).copy() }
+  def prefix(s: String): UnsafeRow =
+    prefixProj.synchronized { prefixProj(InternalRow(UTF8String.fromString(s))).copy() }
   def intOf(row: UnsafeRow): Option[Int] = Option(row).map(_.getInt(0))
 
   final class Check(msg: String) extends Exception(msg)

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from .base import CommitResult, LoadResult, StateBackend, StoreContext
 from .memory import MemoryBackend
+from .rocksdb import RocksDBBackend
 
-BACKENDS: dict[str, type[StateBackend]] = {MemoryBackend.name: MemoryBackend}
-DEFAULT_BACKEND = MemoryBackend.name
+BACKENDS: dict[str, type[StateBackend]] = {MemoryBackend.name: MemoryBackend, RocksDBBackend.name: RocksDBBackend}
+DEFAULT_BACKEND = RocksDBBackend.name
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "CommitResult", "LoadResult", "MemoryBackend", "StateBackend", "StoreContext"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "CommitResult",
+    "LoadResult",
+    "MemoryBackend",
+    "RocksDBBackend",
+    "StateBackend",
+    "StoreContext",
+]

@@ -7,7 +7,6 @@ makes commits incremental.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -15,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 
 from .. import frames
-from ..errors import CheckpointDamagedError, CheckpointMissingError
-from ..manifest import MANIFEST_DIR, FileRef, Manifest, checksum, manifest_path, version_of_manifest
-from ..retention import plan_retention
+from ..errors import CheckpointDamagedError
+from ..manifest import FileRef, Manifest, checksum, manifest_path
+from ..retention import RetentionPlan
 from .base import CommitResult, LoadResult, StateBackend
 
 SNAPSHOT_FILE = "snapshot.arrow"
@@ -32,20 +31,6 @@ class MemoryBackend(StateBackend):
         self._versions: OrderedDict[int, dict[bytes, bytes]] = OrderedDict()
 
     # -- reading -----------------------------------------------------------------------------
-    def read_manifest(self, version: int) -> Manifest:
-        rel = manifest_path(version)
-        if not self.remote.exists(rel):
-            raise CheckpointMissingError(
-                "this version was never committed or has been removed by retention",
-                store=self.ctx.store_dir,
-                version=version,
-                file=rel,
-                advice="Spark asked for a version the checkpoint does not hold; check "
-                "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited.",
-            )
-        data = self.remote.read_bytes(rel, version=version)
-        return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
-
     def _read_verified(self, version: int, ref_name: str, manifest: Manifest) -> pa.Buffer:
         ref = manifest.private.get(ref_name)
         if ref is None:
@@ -126,42 +111,9 @@ class MemoryBackend(StateBackend):
         self._remember(version, state)
         return CommitResult(version, len(state), snapshot.size + len(body), 2, manifest_path(version))
 
-    # -- retention ---------------------------------------------------------------------------
-    def maintenance(self, now: float | None = None) -> dict[str, Any]:
-        now = time.time() if now is None else now
-        manifests = self.remote.list_files(MANIFEST_DIR)
-        data_files = [f for d in ("private", "shared", "changelog") for f in self.remote.list_files(d)]
-        refs: dict[int, list[str] | None] = {}
-        for f in manifests:
-            v = version_of_manifest(f.path)
-            if v is None:
-                continue
-            try:
-                refs[v] = [r.path for r in self.read_manifest(v).files()]
-            except (CheckpointDamagedError, CheckpointMissingError):
-                refs[v] = None  # unknown needs: keep every data file
-        plan = plan_retention(
-            manifests + data_files,
-            refs,
-            min_versions_to_retain=self.ctx.min_versions_to_retain,
-            now=now,
-            orphan_grace_seconds=self.ctx.orphan_grace_seconds,
-        )
-        # Manifests first: a crash after this leaves only unreferenced files, which the next run removes.
-        for rel in plan.delete_manifests:
-            self.remote.delete(rel)
-        for rel in plan.delete_files:
-            self.remote.delete(rel)
-        if plan.delete_files:
-            self.remote.delete_empty_dirs("private")
+    def _after_retention(self, plan: RetentionPlan) -> None:
         for v in [v for v in self._versions if plan.lowest_retained is not None and v < plan.lowest_retained]:
             del self._versions[v]
-        return {
-            "lowestRetained": plan.lowest_retained,
-            "deletedManifests": len(plan.delete_manifests),
-            "deletedFiles": len(plan.delete_files),
-            "keptVersions": len(plan.kept_versions),
-        }
 
     def close(self) -> None:
         self._versions.clear()

@@ -92,6 +92,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       "keySchema" -> JString(keySchema.json),
       "valueSchema" -> JString(valueSchema.json),
       "minVersionsToRetain" -> JInt(storeConfs.minVersionsToRetain),
+      "localDir" -> JString(StateWorker.localStateDir.getAbsolutePath),
       "options" -> JObject(opts))))
   }
 
@@ -237,11 +238,10 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf)
       }
       val done = System.nanoTime()
-      (state, Map(
+      val fromReply = WorkerReplyMetrics.map { case (metric, field) => metric -> longField(reply, field) }.toMap
+      (state, fromReply ++ Map(
         MetricCommitMs -> (done - started) / 1000000,
         MetricBridgeMs -> (writtenAt - started) / 1000000,
-        MetricWorkerCommitMs -> longField(reply, "commitMs"),
-        MetricBytesWritten -> longField(reply, "bytesWritten"),
         MetricChangedRows -> (puts.size + deletes.size).toLong,
         MetricFrameBytes -> frameBytes))
     } finally file.delete()
@@ -298,6 +298,19 @@ object PythonStateStoreProvider {
   val MetricLoadsFromWorker = "pystatestoreLoadsFromWorker"
   val MetricLoadedBytes = "pystatestoreLoadedBytes"
 
+  /** Commit metrics the worker reports in its reply: (metric name, reply field). */
+  val WorkerReplyMetrics: Seq[(String, String)] = Seq(
+    MetricWorkerCommitMs -> "commitMs",
+    MetricBytesWritten -> "bytesWritten",
+    "pystatestoreFilesUploaded" -> "filesUploaded",
+    "pystatestoreFilesReused" -> "filesReused",
+    "pystatestoreApplyMs" -> "applyMs",
+    "pystatestoreFlushMs" -> "flushMs",
+    "pystatestoreCheckpointMs" -> "checkpointMs",
+    "pystatestoreUploadMs" -> "uploadMs",
+    "pystatestoreManifestMs" -> "manifestMs",
+    "pystatestoreRebuildDownloadedBytes" -> "bytesDownloaded")
+
   val AllCustomMetrics: Seq[StateStoreCustomMetric] = Seq(
     StateStoreCustomTimingMetric(MetricCommitMs,
       "pystatestore: commit latency seen by the task (frame + worker)"),
@@ -316,7 +329,18 @@ object PythonStateStoreProvider {
     StateStoreCustomSumMetric(MetricLoadsFromWorker,
       "pystatestore: versions loaded through the Python worker"),
     StateStoreCustomSizeMetric(MetricLoadedBytes,
-      "pystatestore: bytes read from checkpoint storage by loads"))
+      "pystatestore: bytes read from checkpoint storage by loads"),
+    StateStoreCustomSumMetric("pystatestoreFilesUploaded", "pystatestore: files uploaded by commits"),
+    StateStoreCustomSumMetric("pystatestoreFilesReused",
+      "pystatestore: files reused from the base version by commits (not uploaded again)"),
+    StateStoreCustomTimingMetric("pystatestoreApplyMs", "pystatestore: commit time applying changes"),
+    StateStoreCustomTimingMetric("pystatestoreFlushMs", "pystatestore: commit time flushing RocksDB"),
+    StateStoreCustomTimingMetric("pystatestoreCheckpointMs",
+      "pystatestore: commit time taking the RocksDB checkpoint"),
+    StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),
+    StateStoreCustomTimingMetric("pystatestoreManifestMs", "pystatestore: commit time writing the manifest"),
+    StateStoreCustomSizeMetric("pystatestoreRebuildDownloadedBytes",
+      "pystatestore: bytes downloaded to rebuild the local DB before a commit"))
 
   private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
     val row = new UnsafeRow(numFields)

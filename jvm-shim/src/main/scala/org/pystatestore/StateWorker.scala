@@ -153,6 +153,13 @@ object StateWorker extends Logging {
     bytes.map("%02x".format(_)).mkString
   }
 
+  /** Scratch space for backends' local working files (RocksDB instances), per JVM. */
+  def localStateDir: File = {
+    val dir = new File(workRoot(), "stores")
+    dir.mkdirs()
+    dir
+  }
+
   /** Where worker logs and Arrow exchange files go: spark.local.dir, else java.io.tmpdir. */
   private def workRoot(): File = {
     val base = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
