@@ -3,7 +3,7 @@
 Workload: a state of N keys (loaded by the first micro-batch), then B micro-batches each updating
 X% of the keys (random keys, one file per batch through the file source). Reports, per provider,
 the median steady micro-batch time and commit latency, bytes the state store wrote per batch, the
-checkpoint size at the end, and the ratios against pystatestore. Then profiles where pystatestore's
+checkpoint size at the end, and the ratios against pystatestore. Then shows where pystatestore's
 commit time goes. Timings are medians over the steady batches of one run on this machine.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20]
@@ -30,11 +30,24 @@ from pyspark.sql import functions as F
 
 import pystatestore
 
-PROVIDERS = {
-    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
-    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "pystatestore": pystatestore.PROVIDER_CLASS,
+OURS = pystatestore.PROVIDER_CLASS
+# name -> (provider class, pystatestore backend or None)
+RUNS = {
+    "hdfs": ("org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", None),
+    "rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", None),
+    "pss-rocksdb": (OURS, "rocksdb"),
+    "pss-memory": (OURS, "memory"),
 }
+BREAKDOWN = [
+    ("apply changes to RocksDB", "pystatestoreApplyMs"),
+    ("flush", "pystatestoreFlushMs"),
+    ("native checkpoint (hard links)", "pystatestoreCheckpointMs"),
+    ("upload new files", "pystatestoreUploadMs"),
+    ("write manifest", "pystatestoreManifestMs"),
+    ("Python worker total", "pystatestoreWorkerCommitMs"),
+    ("JVM: write Arrow change frame", "pystatestoreBridgeMs"),
+    ("whole commit seen by the task", "pystatestoreCommitMs"),
+]
 PARTITIONS = 4
 WARMUP_BATCHES = 3
 
@@ -64,7 +77,10 @@ def state_store_bytes(state_dir: Path, since: float) -> int:
 
 
 def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) -> dict[str, float]:
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[name])
+    provider, backend = RUNS[name]
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+    if backend:
+        spark.conf.set("spark.sql.streaming.stateStore.pystatestore.backend", backend)
     checkpoint = work / f"ckpt-{name}"
     source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
     agg = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
@@ -93,54 +109,13 @@ def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) ->
         "state_rows": progress[-1]["stateOperators"][0]["numRowsTotal"],
         "wall_s": time.time() - started,
     }
-    if name == "pystatestore":
+    if provider == OURS:
         custom = [p["stateOperators"][0]["customMetrics"] for p in steady]
-        for key in ("pystatestoreBridgeMs", "pystatestoreWorkerCommitMs", "pystatestoreCommitMs"):
-            result[key] = statistics.median(c[key] / PARTITIONS for c in custom)
+        for _, key in BREAKDOWN:
+            result[key] = statistics.median(c.get(key, 0) / PARTITIONS for c in custom)
+        result["files_uploaded"] = statistics.median(c["pystatestoreFilesUploaded"] for c in custom)
+        result["files_reused"] = statistics.median(c["pystatestoreFilesReused"] for c in custom)
     return result
-
-
-def profile_worker_commit(keys: int, touched: int) -> list[tuple[str, float]]:
-    """Times the phases of one memory-backend commit of a partition-sized store, in process."""
-    from pystatestore import frames
-    from pystatestore.backends import MemoryBackend, StoreContext
-    from pystatestore.manifest import checksum
-    from pystatestore.remote import RemoteStore
-
-    per_partition = keys // PARTITIONS
-    tmp = Path(tempfile.mkdtemp(prefix="pss-profile-"))
-    ctx = StoreContext(f"file:{tmp}", 0, 0, "default", "k", "v", 100, 600.0)
-    backend = MemoryBackend(ctx, RemoteStore(ctx.store_dir))
-    rows = {i.to_bytes(24, "little"): i.to_bytes(16, "little") for i in range(per_partition)}
-    backend._remember(1, rows)  # as if version 1 were loaded
-    changed = random.Random(1).sample(list(rows), touched // PARTITIONS)
-    table = pa.table(
-        {
-            "op": pa.array([frames.OP_PUT] * len(changed), pa.int8()),
-            "key": pa.array(changed, pa.binary()),
-            "value": pa.array([b"x" * 16] * len(changed), pa.binary()),
-        },
-        schema=frames.CHANGES_SCHEMA,
-    )
-    phases: list[tuple[str, float]] = []
-
-    def timed(label: str, fn):  # noqa: ANN001, ANN202
-        t = time.perf_counter()
-        out = fn()
-        phases.append((label, (time.perf_counter() - t) * 1000))
-        return out
-
-    state = timed("copy base dict", lambda: dict(rows))
-    timed("apply changes", lambda: frames.apply_changes(state, table))
-    buf = timed("serialise full snapshot", lambda: frames.state_to_buffer(state))
-    timed("checksum", lambda: checksum(buf))
-    timed("write snapshot", lambda: backend.remote.write_bytes("private/x/snapshot.arrow", buf))
-    timed("write manifest", lambda: backend.remote.write_atomic("manifests/2.json", b"{}" * 600))
-    total = time.perf_counter()
-    backend.commit(1, table, "profile")
-    phases.append(("whole backend.commit", (time.perf_counter() - total) * 1000))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return phases
 
 
 def main() -> None:
@@ -164,7 +139,7 @@ def main() -> None:
     )
     spark = pystatestore.configure_spark(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    results = {name: run_provider(spark, name, work / "input", work) for name in PROVIDERS}
+    results = {name: run_provider(spark, name, work / "input", work) for name in RUNS}
     spark_version = spark.version
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
@@ -178,36 +153,32 @@ def main() -> None:
         f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}",
         "",
-        f"{'provider':<14}{'batch ms':>10}{'commit ms/part':>16}{'written/batch':>15}{'checkpoint':>13}"
-        f"{'state rows':>12}",
+        f"{'run':<14}{'batch ms':>10}{'commit ms/part':>16}{'written/batch':>15}{'checkpoint':>13}{'state rows':>12}",
     ]
     for name, r in results.items():
         lines.append(
             f"{name:<14}{r['batch_ms']:>10.0f}{r['commit_ms']:>16.1f}{r['bytes_per_batch'] / 1024:>12.0f} KiB"
             f"{r['checkpoint_bytes'] / 2**20:>9.1f} MiB{r['state_rows']:>12}"
         )
-    ours = results["pystatestore"]
-    lines += ["", "ratios (pystatestore / built-in; < 1 means pystatestore is lower):"]
-    for name in ("hdfs", "rocksdb"):
-        r = results[name]
-        lines.append(
-            f"  vs {name:<8} batch time {ours['batch_ms'] / r['batch_ms']:.2f}x   "
-            f"commit latency {ours['commit_ms'] / max(r['commit_ms'], 0.1):.2f}x   "
-            f"bytes written/batch {ours['bytes_per_batch'] / max(r['bytes_per_batch'], 1):.2f}x   "
-            f"checkpoint size {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x"
-        )
+    lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
+    for ours_name in ("pss-rocksdb", "pss-memory"):
+        ours = results[ours_name]
+        for name in ("hdfs", "rocksdb"):
+            r = results[name]
+            lines.append(
+                f"  {ours_name:<12} vs {name:<8} batch time {ours['batch_ms'] / r['batch_ms']:.2f}x   "
+                f"commit latency {ours['commit_ms'] / max(r['commit_ms'], 0.1):.2f}x   "
+                f"bytes written/batch {ours['bytes_per_batch'] / max(r['bytes_per_batch'], 1):.2f}x   "
+                f"checkpoint size {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x"
+            )
+    ours = results["pss-rocksdb"]
     lines += [
         "",
-        "where pystatestore's commit time goes (median per partition per batch, from its custom metrics):",
-        f"  JVM: write the Arrow change frame     {ours['pystatestoreBridgeMs']:>7.1f} ms",
-        f"  Python worker: make version durable   {ours['pystatestoreWorkerCommitMs']:>7.1f} ms",
-        f"  whole commit seen by the task         {ours['pystatestoreCommitMs']:>7.1f} ms",
-        "  (rest: Py4J round trip, near-cache update, coordinator report)",
-        "",
-        f"worker commit phases for one partition ({args.keys // PARTITIONS} keys, {touched // PARTITIONS} changed), "
-        "timed in process:",
+        "where pss-rocksdb's commit time goes (median per partition per batch, from its custom metrics;",
+        f"median files uploaded {ours['files_uploaded']:.0f}, reused {ours['files_reused']:.0f} "
+        "per batch over all partitions):",
     ]
-    lines += [f"  {label:<28}{ms:>8.1f} ms" for label, ms in profile_worker_commit(args.keys, touched)]
+    lines += [f"  {label:<34}{ours[key]:>7.1f} ms" for label, key in BREAKDOWN]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -3,6 +3,7 @@ worker killed mid-stream costs a task retry, not a wrong result."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -75,13 +76,14 @@ def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
     assert all(after[k] == v for k, v in before.items())
 
 
-def test_missing_snapshot_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
+def test_missing_data_file_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
     input_dir, ckpt = first_phase(spark, tmp_path)
     store = ckpt / "state" / "0" / "2"
-    snapshot = next(p for p in store.rglob("snapshot.arrow") if p.parent.name.startswith("2-"))
-    os.remove(snapshot)
+    manifest = json.loads((store / "manifests" / "2.json").read_text())
+    victim = sorted(ref["path"] for kind in ("shared", "private") for ref in manifest[kind].values())[0]
+    os.remove(store / victim)
     message = restart_error(spark, input_dir, ckpt)
-    assert str(snapshot.relative_to(store)) in message and "version: 2" in message, message
+    assert victim in message and "version: 2" in message, message
 
 
 def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_path: Path) -> None:

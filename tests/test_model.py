@@ -47,7 +47,7 @@ COMMIT_POINTS = [
 FAR_FUTURE = 1e12
 
 
-class SimulatedCrash(Exception):
+class SimulatedCrashError(Exception):
     """The worker died here."""
 
 
@@ -57,7 +57,7 @@ def crash_at(point: str, after: int = 0):  # noqa: ANN201
     def hook(name: str) -> None:
         if name == point:
             if seen["n"] >= after:
-                raise SimulatedCrash(point)
+                raise SimulatedCrashError(point)
             seen["n"] += 1
 
     return hook
@@ -132,7 +132,7 @@ class BackendModel(RuleBasedStateMachine):
         try:
             self.backend.commit(self.base, self.pending_frame(), f"attempt-{self.generation}")
             raise AssertionError(f"no crash at {point}")
-        except SimulatedCrash:
+        except SimulatedCrashError:
             pass
         if point == "commit:manifest-written":  # durable, though the task never heard back
             self.committed[self.base + 1] = expected
@@ -157,7 +157,7 @@ class BackendModel(RuleBasedStateMachine):
         self.backend.fault_hook = crash_at("gc:deleted", after=deletions)
         try:
             self.backend.maintenance(now=FAR_FUTURE)
-        except SimulatedCrash:
+        except SimulatedCrashError:
             pass
         self.forget_below(lowest)
         self.restart_worker()
