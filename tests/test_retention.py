@@ -62,11 +62,13 @@ def test_unreadable_retained_manifest_blocks_data_deletion() -> None:
     assert plan.delete_manifests == ("manifests/1.json",)
 
 
-def test_no_manifests_plans_nothing() -> None:
-    plan = plan_retention(
-        [RemoteFile("private/1/M", 1, 0.0)], {}, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE
-    )
-    assert plan.empty and plan.lowest_retained is None
+def test_without_manifests_only_old_orphans_go() -> None:
+    """A first commit that crashed before its manifest leaves orphans; they go after the grace period."""
+    listing = [RemoteFile("private/1-a/CURRENT", 1, NOW - GRACE - 1), RemoteFile("shared/x.sst", 1, NOW - 5)]
+    plan = plan_retention(listing, {}, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE)
+    assert plan.lowest_retained is None
+    assert plan.delete_files == ("private/1-a/CURRENT",)
+    assert plan.delete_manifests == ()
 
 
 def test_stale_manifest_temporaries_are_cleaned_after_grace() -> None:

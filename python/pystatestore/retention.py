@@ -55,8 +55,9 @@ def plan_retention(
     """
     files = list(listing)
     lowest = lowest_retained_version(referenced_by_version.keys(), min_versions_to_retain)
-    if lowest is None:
-        return RetentionPlan(None, (), (), ())
+    if lowest is None:  # no version committed yet: only orphans of crashed first attempts can go
+        orphans = tuple(sorted(f.path for f in files if now - f.mtime > orphan_grace_seconds))
+        return RetentionPlan(None, (), orphans, ())
     kept = sorted(v for v in referenced_by_version if v >= lowest)
     expired_manifests = tuple(
         sorted(
