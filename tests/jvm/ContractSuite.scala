@@ -256,6 +256,21 @@ object ContractSuite {
     p.close(); fresh.close()
   }
 
+  scenario("a_provider_that_only_reads_never_deletes") {
+    val dir = newDir()
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    val writer = provider(dir, conf = conf)
+    (1 to 6).foreach(v => commitVersion(writer, v - 1, Map(s"k$v" -> v)))
+    val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests")
+    val reader = provider(dir, conf = conf)
+    check(contents(reader.getReadStore(6)).size == 6, "reader sees version 6")
+    reader.doMaintenance()
+    check(manifests.list().length == 6, s"a read-only provider deleted files: ${manifests.list().toSeq}")
+    writer.doMaintenance()
+    check(manifests.list().length == 3, s"the writer's maintenance applies retention: ${manifests.list().toSeq}")
+    reader.close(); writer.close()
+  }
+
   scenario("metrics_match_supported_custom_metrics") {
     val p = provider(newDir())
     val s = p.getStore(0)

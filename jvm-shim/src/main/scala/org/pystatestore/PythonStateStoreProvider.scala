@@ -36,6 +36,8 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   private var storeDescription: String = _
   private var storeLocation: String = _
 
+  @volatile private var hasCommitted = false
+
   /** Worker generation in which `openStore` was last called for this store. */
   private var openedInGeneration = -1
   private var handle: String = _
@@ -120,6 +122,9 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   override def doMaintenance(): Unit = {
+    // Only a provider that has written may delete: one opened just to read (e.g. the state data
+    // source) never changes the checkpoint, even if a maintenance thread reaches it.
+    if (!hasCommitted) return
     try {
       val reply = callWorker(s"maintenance of store $describeStore")(_.maintenance(_))
       logDebug(s"Maintenance of $describeStore: ${compact(render(reply))}")
@@ -234,6 +239,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       }
       val state = base.applyChanges(newVersion, puts, deletes, prefixOf)
       remember(state)
+      hasCommitted = true
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf)
       }
