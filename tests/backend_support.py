@@ -24,7 +24,17 @@ def changes(puts: dict[bytes, bytes] | None = None, deletes: list[bytes] | tuple
     )
 
 
-def make_backend(name: str, store_dir: Path, local_dir: Path, retain: int = 100, grace: float = 600.0) -> StateBackend:
+def make_backend(
+    name: str,
+    store_dir: Path,
+    local_dir: Path,
+    retain: int = 100,
+    grace: float = 600.0,
+    options: dict[str, str] | None = None,
+) -> StateBackend:
+    """A backend as a worker would open it. Local recovery copies go under `local_dir` unless the
+    options say otherwise, so tests never share them by accident."""
+    opts = {"localRecoveryDir": str(Path(local_dir) / "recovery"), **(options or {})}
     ctx = StoreContext(
         store_dir=f"file:{store_dir}",
         operator_id=0,
@@ -35,6 +45,7 @@ def make_backend(name: str, store_dir: Path, local_dir: Path, retain: int = 100,
         min_versions_to_retain=retain,
         orphan_grace_seconds=grace,
         local_dir=str(local_dir),
+        options=opts,
     )
     return BACKENDS[name](ctx, RemoteStore(ctx.store_dir))
 

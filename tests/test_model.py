@@ -81,8 +81,26 @@ class BackendModel(RuleBasedStateMachine):
     def new_backend(self) -> StateBackend:
         """A fresh worker: new local directory, nothing in memory."""
         self.generation += 1
+        local = self.root / f"local-{self.generation}"
+        # Writers share this host's local recovery copies across restarts, as workers on one host do.
         return make_backend(
-            "rocksdb", self.store_dir, self.root / f"local-{self.generation}", retain=RETAIN, grace=60.0
+            "rocksdb",
+            self.store_dir,
+            local,
+            retain=RETAIN,
+            grace=60.0,
+            options={"localRecoveryDir": str(self.root / "recovery")},
+        )
+
+    def cold_reader(self) -> StateBackend:
+        """A worker on another host: no local copies, everything comes from the checkpoint."""
+        self.generation += 1
+        return make_backend(
+            "rocksdb",
+            self.store_dir,
+            self.root / f"local-{self.generation}",
+            retain=RETAIN,
+            options={"localRecovery": "false"},
         )
 
     def restart_worker(self) -> None:
@@ -218,7 +236,7 @@ class BackendModel(RuleBasedStateMachine):
         if not hasattr(self, "store_dir"):
             return
         lowest = self.lowest_retained()
-        reader = self.new_backend()  # a cold worker reads from the checkpoint only
+        reader = self.cold_reader()
         try:
             for v, expected in self.committed.items():
                 if v == 0 or lowest is None or v < lowest:

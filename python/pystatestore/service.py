@@ -102,6 +102,7 @@ class StoreService:
                 "bytes": result.bytes_read,
                 "source": result.source,
                 "loadMs": _ms(started),
+                **result.metrics,
             }
 
         return _reply(run)

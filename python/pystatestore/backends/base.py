@@ -49,8 +49,9 @@ class StoreContext:
 class LoadResult:
     frame: pa.Buffer  # Arrow IPC stream (key, value) of the whole version
     num_keys: int
-    bytes_read: int  # from checkpoint storage; 0 when served from memory
-    source: str  # "memory" or "remote"
+    bytes_read: int  # from checkpoint storage; 0 when served from memory or a local copy
+    source: str  # "memory", "remote", "local-copy" or "local-copy+remote"
+    metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import pyarrow as pa
 import rocksdict
 
 from .. import frames
+from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, default_root
 from ..manifest import FileRef, Manifest, manifest_path
 from ..transfer import download_all, upload_all
 from .base import CommitResult, LoadResult, StateBackend
@@ -48,6 +49,18 @@ def _ms(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
 
 
+def _link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
+    """SSTs are immutable, so a hard link shares them safely with the local copy; RocksDB rewrites
+    its other files on open, so those are copied."""
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
 class RocksDBBackend(StateBackend):
     name = "rocksdb"
 
@@ -58,6 +71,14 @@ class RocksDBBackend(StateBackend):
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"op{self.ctx.operator_id}-p{self.ctx.partition_id}-", dir=base))
         self.threads = int(self.ctx.options.get("transferThreads", DEFAULT_TRANSFER_THREADS))
         self.l0_trigger = int(self.ctx.options.get("rocksdb.l0CompactionTrigger", DEFAULT_L0_COMPACTION_TRIGGER))
+        opts = self.ctx.options
+        self.local_copies: LocalRecoveryStore | None = None
+        if opts.get("localRecovery", "true").lower() == "true":
+            self.local_copies = LocalRecoveryStore(
+                Path(opts.get("localRecoveryDir") or default_root()),
+                self.ctx.store_dir,
+                int(opts.get("localRecoveryVersions", DEFAULT_VERSIONS_KEPT)),
+            )
         self._db: rocksdict.Rdict | None = None
         self._db_dir: Path | None = None
         self._db_version: int | None = None  # the committed version the local DB holds exactly
@@ -111,10 +132,26 @@ class RocksDBBackend(StateBackend):
             return manifest, {}
         started = time.perf_counter()
         db_dir = self._fresh_dir(f"db-{version}")
-        items = [(ref, db_dir / name) for name, ref in {**manifest.shared, **manifest.private}.items()]
-        stats = download_all(self.remote, items, self.threads, version=version)
+        local_files, local_bytes = 0, 0
+        missing: list[tuple[FileRef, Path]] = []
+        if self.local_copies is not None:
+            self.local_copies.drop_superseded(version, manifest.manifest_id)
+        for name, ref in {**manifest.shared, **manifest.private}.items():
+            found = self.local_copies.find(name, ref, version=version) if self.local_copies else None
+            if found is None:
+                missing.append((ref, db_dir / name))
+                continue
+            _link_or_copy(found, db_dir / name, link=name.endswith(".sst"))
+            local_files, local_bytes = local_files + 1, local_bytes + ref.size
+        stats = download_all(self.remote, missing, self.threads, version=version)
         self._open(db_dir, version, manifest)
-        return manifest, {"filesDownloaded": stats.files, "bytesDownloaded": stats.bytes, "downloadMs": _ms(started)}
+        return manifest, {
+            "restoreLocalFiles": local_files,
+            "restoreLocalBytes": local_bytes,
+            "restoreRemoteFiles": stats.files,
+            "restoreRemoteBytes": stats.bytes,
+            "restoreMs": _ms(started),
+        }
 
     # -- reading ---------------------------------------------------------------------------
     def load(self, version: int) -> LoadResult:
@@ -131,8 +168,13 @@ class RocksDBBackend(StateBackend):
                     writer.write_batch(frames.state_batch(keys, values))
                     keys, values = [], []
             writer.write_batch(frames.state_batch(keys, values))
-        source = "remote" if cost else "local"
-        return LoadResult(sink.getvalue(), self._db_num_keys, cost.get("bytesDownloaded", 0), source)
+        if not cost:
+            source = "memory"
+        elif cost["restoreRemoteFiles"] == 0:
+            source = "local-copy"
+        else:
+            source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
+        return LoadResult(sink.getvalue(), self._db_num_keys, cost.get("restoreRemoteBytes", 0), source, cost)
 
     # -- writing ---------------------------------------------------------------------------
     def commit(self, base_version: int, changes: pa.Table, attempt_id: str) -> CommitResult:
@@ -198,8 +240,12 @@ class RocksDBBackend(StateBackend):
             self.remote.write_atomic(manifest_path(version), body)  # the commit point
             metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
+            kept = self.local_copies is not None and self.local_copies.save(
+                version, manifest.manifest_id, checkpoint_dir
+            )
+            metrics["localCopySaved"] = int(kept)
         finally:
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # already moved when a local copy was kept
         self._db_version, self._db_manifest_id, self._db_num_keys = version, manifest.manifest_id, num_keys
         bytes_uploaded = sum(r.size for r in uploaded)
         metrics.update(

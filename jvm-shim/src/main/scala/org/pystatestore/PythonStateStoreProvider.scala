@@ -203,7 +203,8 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         fromCache = false,
         totalMs = (System.nanoTime() - started) / 1000000,
         workerMs = workerMs,
-        bytesRead = longField(reply, "bytes")))
+        bytesRead = longField(reply, "bytes"),
+        fromReply = replyMetrics(reply)))
     } finally file.delete()
   }
 
@@ -244,8 +245,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf)
       }
       val done = System.nanoTime()
-      val fromReply = WorkerReplyMetrics.map { case (metric, field) => metric -> longField(reply, field) }.toMap
-      (state, fromReply ++ Map(
+      (state, replyMetrics(reply) ++ Map(
         MetricCommitMs -> (done - started) / 1000000,
         MetricBridgeMs -> (writtenAt - started) / 1000000,
         MetricChangedRows -> (puts.size + deletes.size).toLong,
@@ -285,7 +285,8 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
 private[pystatestore] case class LoadedVersion(state: VersionState, load: LoadMetrics)
 
 private[pystatestore] case class LoadMetrics(
-    fromCache: Boolean, totalMs: Long, workerMs: Long, bytesRead: Long)
+    fromCache: Boolean, totalMs: Long, workerMs: Long, bytesRead: Long,
+    fromReply: Map[String, Long] = Map.empty)
 
 private[pystatestore] object LoadMetrics {
   val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L, 0L)
@@ -315,7 +316,15 @@ object PythonStateStoreProvider {
     "pystatestoreCheckpointMs" -> "checkpointMs",
     "pystatestoreUploadMs" -> "uploadMs",
     "pystatestoreManifestMs" -> "manifestMs",
-    "pystatestoreRebuildDownloadedBytes" -> "bytesDownloaded")
+    "pystatestoreLocalCopiesSaved" -> "localCopySaved",
+    "pystatestoreRestoreLocalFiles" -> "restoreLocalFiles",
+    "pystatestoreRestoreLocalBytes" -> "restoreLocalBytes",
+    "pystatestoreRestoreRemoteFiles" -> "restoreRemoteFiles",
+    "pystatestoreRestoreRemoteBytes" -> "restoreRemoteBytes",
+    "pystatestoreRestoreMs" -> "restoreMs")
+
+  private[pystatestore] def replyMetrics(reply: JValue): Map[String, Long] =
+    WorkerReplyMetrics.map { case (metric, field) => metric -> longField(reply, field) }.toMap
 
   val AllCustomMetrics: Seq[StateStoreCustomMetric] = Seq(
     StateStoreCustomTimingMetric(MetricCommitMs,
@@ -345,8 +354,17 @@ object PythonStateStoreProvider {
       "pystatestore: commit time taking the RocksDB checkpoint"),
     StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),
     StateStoreCustomTimingMetric("pystatestoreManifestMs", "pystatestore: commit time writing the manifest"),
-    StateStoreCustomSizeMetric("pystatestoreRebuildDownloadedBytes",
-      "pystatestore: bytes downloaded to rebuild the local DB before a commit"))
+    StateStoreCustomSumMetric("pystatestoreLocalCopiesSaved",
+      "pystatestore: versions kept as local recovery copies"),
+    StateStoreCustomSumMetric("pystatestoreRestoreLocalFiles",
+      "pystatestore: files restored from local recovery copies"),
+    StateStoreCustomSizeMetric("pystatestoreRestoreLocalBytes",
+      "pystatestore: bytes restored from local recovery copies"),
+    StateStoreCustomSumMetric("pystatestoreRestoreRemoteFiles",
+      "pystatestore: files restored from checkpoint storage"),
+    StateStoreCustomSizeMetric("pystatestoreRestoreRemoteBytes",
+      "pystatestore: bytes restored from checkpoint storage"),
+    StateStoreCustomTimingMetric("pystatestoreRestoreMs", "pystatestore: time rebuilding local state"))
 
   private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
     val row = new UnsafeRow(numFields)
@@ -540,8 +558,12 @@ class PythonStateStore private[pystatestore] (
       PythonStateStoreProvider.MetricLoadMs -> load.totalMs,
       PythonStateStoreProvider.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
       PythonStateStoreProvider.MetricLoadedBytes -> load.bytesRead)
-    StateStoreMetrics(keys, memory,
-      PythonStateStoreProvider.metricsMap(commitMetrics ++ loadValues), Map.empty)
+    // A store may restore twice (once to load, once before committing): sum what both reported.
+    val loadSide = load.fromReply ++ loadValues
+    val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
+      k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
+    }.toMap
+    StateStoreMetrics(keys, memory, PythonStateStoreProvider.metricsMap(combined), Map.empty)
   }
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =

@@ -1,0 +1,105 @@
+"""Local recovery copies (DESIGN §5) at the backend level: restore from this host's copies, fall
+back to the checkpoint file by file, never fail a commit over a copy."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from backend_support import changes, make_backend, state_of
+from pystatestore.local_recovery import MARKER, clean_stale_stores
+
+BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
+
+
+def commit_versions(store_dir: Path, local: Path, recovery: Path, n: int = 3, keep: int = 2) -> dict[bytes, bytes]:
+    b = make_backend(
+        "rocksdb", store_dir, local, options={"localRecoveryDir": str(recovery), "localRecoveryVersions": str(keep)}
+    )
+    state = dict(BIG)
+    b.commit(0, changes(BIG), "t1")
+    for v in range(2, n + 1):
+        puts = {f"n{v}".encode(): str(v).encode()}
+        b.commit(v - 1, changes(puts), f"t{v}")
+        state.update(puts)
+    b.close()  # the worker (or executor) goes away; the copies stay on the host
+    return state
+
+
+def restore(store_dir: Path, local: Path, recovery: Path, version: int):  # noqa: ANN201
+    b = make_backend("rocksdb", store_dir, local, options={"localRecoveryDir": str(recovery)})
+    result = b.load(version)
+    return b, result
+
+
+def test_restore_from_intact_local_copy_downloads_nothing(tmp_path: Path) -> None:
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec")
+    b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
+    assert result.metrics["restoreRemoteFiles"] == 0 and result.metrics["restoreRemoteBytes"] == 0
+    assert result.metrics["restoreLocalFiles"] > 0 and result.source == "local-copy"
+    assert state_of(b, 3) == expected
+
+
+def test_damaged_sst_in_local_copy_is_fetched_alone_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec")
+    copy = max((tmp_path / "rec").rglob(MARKER), key=lambda p: int(p.parent.name.split("-")[0])).parent
+    sst = max(copy.glob("*.sst"), key=lambda p: p.stat().st_size)
+    # Flip a byte in place: like a bad disk block, the damage reaches every hard link of the file,
+    # so no other local copy can stand in and exactly this file must come from the checkpoint.
+    with open(sst, "r+b") as f:
+        f.seek(sst.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
+    assert result.metrics["restoreRemoteFiles"] == 1
+    assert result.metrics["restoreLocalFiles"] > 0
+    assert any(str(sst) in r.getMessage() for r in caplog.records), caplog.text
+    assert state_of(b, 3) == expected
+
+
+def test_unwritable_recovery_dir_never_fails_a_commit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the recovery dir should be")
+    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        expected = commit_versions(tmp_path / "store", tmp_path / "w1", blocker / "rec")
+    assert sum("local recovery copies disabled" in r.getMessage() for r in caplog.records) == 1  # warned once
+    b, result = restore(tmp_path / "store", tmp_path / "w2", blocker / "rec", 3)
+    assert result.metrics["restoreLocalFiles"] == 0 and result.metrics["restoreRemoteFiles"] > 0
+    assert state_of(b, 3) == expected
+
+
+def test_only_the_newest_copies_are_kept(tmp_path: Path) -> None:
+    commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", n=6, keep=2)
+    copies = sorted(int(m.parent.name.split("-")[0]) for m in (tmp_path / "rec").rglob(MARKER))
+    assert copies == [5, 6]
+
+
+def test_copies_of_a_superseded_attempt_are_dropped(tmp_path: Path) -> None:
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    a = make_backend("rocksdb", store, tmp_path / "a", options={"localRecoveryDir": str(rec)})
+    a.commit(0, changes({b"x": b"1"}), "t1")
+    a.commit(1, changes({b"x": b"from-a"}), "attempt-a")
+    b = make_backend("rocksdb", store, tmp_path / "b", options={"localRecoveryDir": str(rec)})
+    b.commit(1, changes({b"x": b"from-b"}), "attempt-b")  # b's manifest for version 2 wins
+    winner = json.loads((store / "manifests" / "2.json").read_text())["manifest_id"]
+    c, _ = restore(store, tmp_path / "c", rec, 2)
+    ids = {m.parent.name.split("-", 1)[1] for m in rec.rglob(MARKER) if m.parent.name.startswith("2-")}
+    assert ids == {winner}
+    assert state_of(c, 2) == {b"x": b"from-b"}
+
+
+def test_stale_store_cleanup_touches_only_our_layout(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    commit_versions(tmp_path / "gone-store", tmp_path / "w1", rec)
+    stranger = rec / "v1" / "not-ours"
+    stranger.mkdir(parents=True)
+    (stranger / "data").write_text("keep")
+    removed = clean_stale_stores(rec, lambda store: False, older_than_s=0)
+    assert removed == 1
+    assert (stranger / "data").read_text() == "keep"
+    assert not list(rec.rglob(MARKER))
