@@ -81,8 +81,9 @@ def run_phase(
     checkpoint: Path,
     output_mode: str,
     results: dict[int, list[tuple]],
-) -> Any:
-    """Runs the query over everything available (one file per micro-batch) and stops it."""
+) -> list[dict]:
+    """Runs the query over everything available (one file per micro-batch), stops it, and returns
+    its progress reports."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
     source = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
 
@@ -100,7 +101,7 @@ def run_phase(
     query.awaitTermination(600)
     if query.exception() is not None:
         raise AssertionError(f"query failed: {query.exception()}")
-    return query.lastProgress
+    return list(query.recentProgress)
 
 
 def run_with_restart(
@@ -111,17 +112,22 @@ def run_with_restart(
     workdir: Path,
     output_mode: str,
     files_per_phase: int = 3,
+    before_phase: Callable[[int], None] | None = None,
+    all_progress: bool = False,
 ) -> tuple[dict[int, list[tuple]], Any]:
-    """Two phases on one checkpoint: run, stop, add input, restart. Returns all batch outputs."""
+    """Two phases on one checkpoint: run, stop, add input, restart. Returns all batch outputs and
+    the last progress report (or, with `all_progress`, every report of both phases)."""
     name = provider.rsplit(".", 1)[-1]
     input_dir, checkpoint = workdir / f"in-{name}", workdir / f"ckpt-{name}"
     shutil.rmtree(input_dir, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
     results: dict[int, list[tuple]] = {}
-    progress = None
+    progress: list[dict] = []
     for phase in range(2):
         write_input_files(input_dir, phase * files_per_phase, files_per_phase)
-        progress = run_phase(
+        if before_phase is not None:
+            before_phase(phase)
+        progress += run_phase(
             spark,
             build,
             provider=provider,
@@ -130,4 +136,4 @@ def run_with_restart(
             output_mode=output_mode,
             results=results,
         )
-    return results, progress
+    return results, (progress if all_progress else progress[-1])

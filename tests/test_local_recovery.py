@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from backend_support import changes, make_backend, state_of
+from local_recovery_support import damage_one_sst_in_place
 from pystatestore.local_recovery import MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
@@ -45,15 +46,7 @@ def test_restore_from_intact_local_copy_downloads_nothing(tmp_path: Path) -> Non
 
 def test_damaged_sst_in_local_copy_is_fetched_alone_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec")
-    copy = max((tmp_path / "rec").rglob(MARKER), key=lambda p: int(p.parent.name.split("-")[0])).parent
-    sst = max(copy.glob("*.sst"), key=lambda p: p.stat().st_size)
-    # Flip a byte in place: like a bad disk block, the damage reaches every hard link of the file,
-    # so no other local copy can stand in and exactly this file must come from the checkpoint.
-    with open(sst, "r+b") as f:
-        f.seek(sst.stat().st_size // 2)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0x01]))
+    sst = damage_one_sst_in_place(tmp_path / "rec")
     with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
         b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
     assert result.metrics["restoreRemoteFiles"] == 1

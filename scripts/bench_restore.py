@@ -1,0 +1,138 @@
+"""Benchmark: restoring state after a restart, pystatestore's local copy vs the checkpoint, and
+Spark's RocksDB provider loading the same state, in one run.
+
+Each run builds a state of N keys (one micro-batch), runs one small batch, stops, and restarts the
+query from its checkpoint; the restarted query's first batch must restore the state. Reported:
+that batch's duration, and for pystatestore the worker's restore time and where the bytes came from.
+
+    .venv/bin/python scripts/bench_restore.py [--keys 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import pystatestore
+
+PARTITIONS = 4
+CONF = "spark.sql.streaming.stateStore.pystatestore."
+RUNS = {
+    "spark-rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", {}),
+    "pss-local-copy": (pystatestore.PROVIDER_CLASS, {CONF + "localRecovery": "true"}),
+    "pss-checkpoint": (pystatestore.PROVIDER_CLASS, {CONF + "localRecovery": "false"}),
+}
+
+
+def write_file(input_dir: Path, index: int, keys: range) -> None:
+    path = input_dir / f"f{index:03d}.parquet"
+    pq.write_table(
+        pa.table({"key": pa.array(keys, pa.int64()), "value": pa.array([index] * len(keys), pa.int64())}), path
+    )
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+
+
+def run_once(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
+    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+    agg = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+    query = (
+        agg.writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception():
+        raise SystemExit(f"query failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="pss-bench-restore-"))
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("pystatestore-bench-restore")
+        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
+        .config("spark.driver.memory", "6g")
+    )
+    spark = pystatestore.configure_spark(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    results = {}
+    for name, (provider, confs) in RUNS.items():
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+        for k, v in confs.items():
+            spark.conf.set(k, v)
+        spark.conf.set(CONF + "localRecoveryDir", str(work / f"recovery-{name}"))
+        input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
+        input_dir.mkdir()
+        write_file(input_dir, 0, range(args.keys))
+        write_file(input_dir, 1, range(0, args.keys, 1000))
+        run_once(spark, input_dir, checkpoint)
+        write_file(input_dir, 2, range(1, args.keys, 1000))
+        started = time.time()
+        first = run_once(spark, input_dir, checkpoint)[0]
+        op = first["stateOperators"][0]
+        m = op.get("customMetrics", {})
+        results[name] = {
+            "batch_ms": first["durationMs"]["triggerExecution"],
+            "wall_s": time.time() - started,
+            "rows": op["numRowsTotal"],
+            "restore_ms": m.get("pystatestoreRestoreMs", 0) / PARTITIONS,
+            "load_ms": m.get("pystatestoreLoadMs", 0) / PARTITIONS,
+            "local_mb": m.get("pystatestoreRestoreLocalBytes", 0) / 2**20,
+            "remote_mb": m.get("pystatestoreRestoreRemoteBytes", 0) / 2**20,
+        }
+    version = spark.version
+    spark.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+    lines = [
+        f"# pystatestore restore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"# command: .venv/bin/python scripts/bench_restore.py --keys {args.keys}",
+        f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {version}, local[2], {PARTITIONS} partitions",
+        f"# workload: {args.keys} keys of aggregation state, query restarted; first batch after the restart",
+        "",
+        f"{'run':<16}{'restart batch ms':>17}{'worker restore ms/part':>24}{'JVM load ms/part':>18}"
+        f"{'from local copy':>17}{'from checkpoint':>17}",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"{name:<16}{r['batch_ms']:>17.0f}{r['restore_ms']:>24.0f}{r['load_ms']:>18.0f}"
+            f"{r['local_mb']:>13.1f} MiB{r['remote_mb']:>13.1f} MiB"
+        )
+    local, remote, spark_r = results["pss-local-copy"], results["pss-checkpoint"], results["spark-rocksdb"]
+    lines += [
+        "",
+        f"worker restore, local copy / checkpoint: {local['restore_ms'] / max(remote['restore_ms'], 1):.2f}x",
+        f"restart batch, local copy / checkpoint: {local['batch_ms'] / remote['batch_ms']:.2f}x",
+        f"restart batch, pss local copy / Spark RocksDB: {local['batch_ms'] / spark_r['batch_ms']:.2f}x",
+        f"restart batch, pss checkpoint / Spark RocksDB: {remote['batch_ms'] / spark_r['batch_ms']:.2f}x",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Local recovery through Spark: an executor SIGKILLed mid-stream, a damaged local copy, and an
+unwritable local-recovery directory; results always equal the built-in provider's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from local_recovery_support import damage_one_sst_in_place
+from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_with_restart, start_session
+from test_e2e import aggregation
+
+pytestmark = pytest.mark.spark
+CONF = "spark.sql.streaming.stateStore.pystatestore."
+RESTORE_KEYS = (
+    "pystatestoreRestoreLocalFiles",
+    "pystatestoreRestoreLocalBytes",
+    "pystatestoreRestoreRemoteFiles",
+    "pystatestoreRestoreRemoteBytes",
+)
+
+
+def restore_totals(progresses: list[dict]) -> dict[str, int]:
+    totals = dict.fromkeys(RESTORE_KEYS, 0)
+    for p in progresses:
+        for op in p.get("stateOperators", []):
+            for k in RESTORE_KEYS:
+                totals[k] += op["customMetrics"].get(k, 0)
+    return totals
+
+
+@pytest.fixture(scope="module")
+def local_spark() -> Iterator[SparkSession]:
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    local_spark.conf.set(CONF + "localRecoveryDir", str(recovery))
+    try:
+        expected, _ = run_with_restart(
+            local_spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
+        )
+        damaged: list[Path] = []
+        actual, progress = run_with_restart(
+            local_spark,
+            aggregation,
+            provider=OUR_PROVIDER,
+            workdir=tmp_path / "ours",
+            output_mode="update",
+            before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
+            all_progress=True,
+        )
+    finally:
+        local_spark.conf.unset(CONF + "localRecoveryDir")
+    assert actual == expected
+    totals = restore_totals(progress)
+    assert totals["pystatestoreRestoreRemoteFiles"] == 1, (totals, damaged)
+    assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
+
+
+def test_unwritable_local_recovery_dir_restores_from_checkpoint(local_spark: SparkSession, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    local_spark.conf.set(CONF + "localRecoveryDir", str(blocker / "recovery"))
+    try:
+        expected, _ = run_with_restart(
+            local_spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
+        )
+        actual, progress = run_with_restart(
+            local_spark,
+            aggregation,
+            provider=OUR_PROVIDER,
+            workdir=tmp_path / "ours",
+            output_mode="update",
+            all_progress=True,
+        )
+    finally:
+        local_spark.conf.unset(CONF + "localRecoveryDir")
+    assert actual == expected
+    totals = restore_totals(progress)
+    assert totals["pystatestoreRestoreLocalFiles"] == 0 and totals["pystatestoreRestoreRemoteFiles"] > 0, totals
+
+
+@pytest.mark.cluster
+def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
+    spark = start_session("local-cluster[2,1,1024]", **{CONF + "localRecoveryDir": str(tmp_path / "recovery")})
+    try:
+        expected, _ = run_with_restart(
+            spark,
+            aggregation,
+            provider=HDFS_PROVIDER,
+            workdir=tmp_path / "ref",
+            output_mode="update",
+            files_per_phase=4,
+        )
+        state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+        killed: list[int] = []
+
+        def killer() -> None:
+            deadline = time.time() + 300
+            while time.time() < deadline and not any(state_dir.glob("*/manifests/3.json")):
+                time.sleep(0.02)
+            pids = subprocess.run(
+                ["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True
+            ).stdout.split()
+            if pids:
+                os.kill(int(pids[0]), signal.SIGKILL)
+                killed.append(int(pids[0]))
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        actual, progress = run_with_restart(
+            spark,
+            aggregation,
+            provider=OUR_PROVIDER,
+            workdir=tmp_path / "ours",
+            output_mode="update",
+            files_per_phase=4,
+            all_progress=True,
+        )
+        thread.join(10)
+    finally:
+        spark.stop()
+    assert killed, "no executor was killed"
+    assert actual == expected
+    after_kill = [p for p in progress if p["batchId"] >= 3]
+    per_batch = [restore_totals([p]) for p in after_kill]
+    assert any(
+        t["pystatestoreRestoreLocalBytes"] > 0 and t["pystatestoreRestoreRemoteBytes"] == 0 for t in per_batch
+    ), per_batch
