@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,18 @@ def test_stale_store_cleanup_touches_only_our_layout(tmp_path: Path) -> None:
     assert removed == 1
     assert (stranger / "data").read_text() == "keep"
     assert not list(rec.rglob(MARKER))
+
+
+def test_maintenance_removes_copies_of_stores_that_are_gone(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    commit_versions(tmp_path / "gone-store", tmp_path / "w1", rec)
+    for store_dir in (tmp_path / "gone-store",):
+        shutil.rmtree(store_dir)  # the query's checkpoint was deleted
+    for marker in rec.rglob(MARKER):
+        os.utime(marker, (time.time() - 7200, time.time() - 7200))
+    live = make_backend("rocksdb", tmp_path / "live-store", tmp_path / "w2", options={"localRecoveryDir": str(rec)})
+    live.commit(0, changes({b"a": b"1"}), "t")
+    report = live.maintenance()
+    assert report["staleLocalStoresRemoved"] == 1
+    stores = {json.loads(m.read_text())["store"] for m in rec.rglob(MARKER)}
+    assert stores == {f"file:{tmp_path / 'live-store'}"}

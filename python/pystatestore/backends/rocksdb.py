@@ -25,15 +25,18 @@ import pyarrow as pa
 import rocksdict
 
 from .. import frames
-from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, default_root
-from ..manifest import FileRef, Manifest, manifest_path
+from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
+from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path
+from ..remote import RemoteStore
 from ..transfer import download_all, upload_all
 from .base import CommitResult, LoadResult, StateBackend
 
 DEFAULT_TRANSFER_THREADS = 4
 DEFAULT_L0_COMPACTION_TRIGGER = 8
+STALE_COPY_SCAN_INTERVAL_S = 3600.0
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
+_last_stale_scan: dict[Path, float] = {}
 
 
 def _block_cache() -> rocksdict.Cache:
@@ -277,6 +280,28 @@ class RocksDBBackend(StateBackend):
                 to_upload.append((name, f"{private_dir}/{name}"))
         return shared, private, to_upload
 
+    def maintenance(self, now: float | None = None) -> dict[str, Any]:
+        report = super().maintenance(now)
+        if self.local_copies is not None:
+            report["staleLocalStoresRemoved"] = _scan_stale_copies(self.local_copies.dir.parent.parent)
+        return report
+
     def close(self) -> None:
         self._drop_db()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _scan_stale_copies(root: Path) -> int:
+    """At most hourly per worker: drop local copies of stores whose checkpoint no longer exists."""
+    with _shared_cache_lock:
+        if time.time() - _last_stale_scan.get(root, 0.0) < STALE_COPY_SCAN_INTERVAL_S:
+            return 0
+        _last_stale_scan[root] = time.time()
+
+    def store_exists(store_dir: str) -> bool:
+        try:
+            return RemoteStore(store_dir).exists(MANIFEST_DIR)
+        except Exception:  # noqa: BLE001 - unknown or unreachable storage: keep the copies
+            return True
+
+    return clean_stale_stores(root, store_exists)
