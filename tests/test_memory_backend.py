@@ -6,43 +6,16 @@ import json
 import os
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from pystatestore import frames
-from pystatestore.backends import MemoryBackend, StoreContext
+from backend_support import changes, state_of
+from backend_support import make_backend as make_named_backend
+from pystatestore.backends import StateBackend
 from pystatestore.errors import CheckpointDamagedError, CheckpointMissingError, InvalidPathError
-from pystatestore.remote import RemoteStore
 
 
-def changes(puts: dict[bytes, bytes] = {}, deletes: list[bytes] = ()) -> pa.Table:  # noqa: B006
-    ops = [frames.OP_PUT] * len(puts) + [frames.OP_DELETE] * len(deletes)
-    return pa.table(
-        {
-            "op": pa.array(ops, pa.int8()),
-            "key": pa.array(list(puts) + list(deletes), pa.binary()),
-            "value": pa.array(list(puts.values()) + [None] * len(deletes), pa.binary()),
-        },
-        schema=frames.CHANGES_SCHEMA,
-    )
-
-
-def make_backend(store_dir: Path, retain: int = 100, grace: float = 600.0) -> MemoryBackend:
-    ctx = StoreContext(
-        store_dir=f"file:{store_dir}",
-        operator_id=0,
-        partition_id=3,
-        store_name="default",
-        key_schema="k",
-        value_schema="v",
-        min_versions_to_retain=retain,
-        orphan_grace_seconds=grace,
-    )
-    return MemoryBackend(ctx, RemoteStore(ctx.store_dir))
-
-
-def state_of(backend: MemoryBackend, version: int) -> dict[bytes, bytes]:
-    return frames.buffer_to_state(backend.load(version).frame)
+def make_backend(store_dir: Path, retain: int = 100, grace: float = 600.0) -> StateBackend:
+    return make_named_backend("memory", store_dir, store_dir.parent / "local", retain=retain, grace=grace)
 
 
 def all_files(d: Path) -> set[str]:

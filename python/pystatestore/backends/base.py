@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import CheckpointDamagedError, CheckpointMissingError
-from ..manifest import MANIFEST_DIR, Manifest, manifest_path, version_of_manifest
+from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
 from ..remote import RemoteStore
 from ..retention import RetentionPlan, plan_retention
 
@@ -102,6 +102,29 @@ class StateBackend(abc.ABC):
             )
         data = self.remote.read_bytes(rel, version=version)
         return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+
+    def new_manifest(
+        self,
+        version: int,
+        num_keys: int,
+        attempt_id: str,
+        *,
+        shared: dict[str, FileRef] | None = None,
+        private: dict[str, FileRef] | None = None,
+    ) -> Manifest:
+        """The manifest of `version` (based on `version - 1`) for this store and backend."""
+        return Manifest(
+            store=self.ctx.identity,
+            version=version,
+            base_version=version - 1,
+            backend=self.name,
+            key_schema=self.ctx.key_schema,
+            value_schema=self.ctx.value_schema,
+            num_keys=num_keys,
+            attempt_id=attempt_id,
+            shared=shared or {},
+            private=private or {},
+        )
 
     # -- retention (DESIGN §4) -------------------------------------------------------------
     def maintenance(self, now: float | None = None) -> dict[str, Any]:

@@ -95,17 +95,7 @@ class MemoryBackend(StateBackend):
         snapshot = frames.state_to_buffer(state)
         rel = f"private/{version}-{uuid.uuid4().hex}/{SNAPSHOT_FILE}"
         self.remote.write_bytes(rel, snapshot)
-        manifest = Manifest(
-            store=self.ctx.identity,
-            version=version,
-            base_version=base_version,
-            backend=self.name,
-            key_schema=self.ctx.key_schema,
-            value_schema=self.ctx.value_schema,
-            num_keys=len(state),
-            attempt_id=attempt_id,
-            private={SNAPSHOT_FILE: _ref(rel, snapshot)},
-        )
+        manifest = self.new_manifest(version, len(state), attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
         body = manifest.to_json()
         self.remote.write_atomic(manifest_path(version), body)  # the commit point
         self._remember(version, state)

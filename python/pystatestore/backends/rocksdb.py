@@ -227,18 +227,7 @@ class RocksDBBackend(StateBackend):
             self._fault_point("commit:uploaded")
 
             t = time.perf_counter()
-            manifest = Manifest(
-                store=self.ctx.identity,
-                version=version,
-                base_version=base_version,
-                backend=self.name,
-                key_schema=self.ctx.key_schema,
-                value_schema=self.ctx.value_schema,
-                num_keys=num_keys,
-                attempt_id=attempt_id,
-                shared=shared,
-                private=private,
-            )
+            manifest = self.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
             body = manifest.to_json()
             self.remote.write_atomic(manifest_path(version), body)  # the commit point
             metrics["manifestMs"] = _ms(t)
