@@ -19,6 +19,7 @@ from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, run_with_resta
 from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
+CONF = "spark.sql.streaming.stateStore.pystatestore."
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +77,34 @@ def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
     assert all(after[k] == v for k, v in before.items())
 
 
-def test_missing_data_file_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
-    input_dir, ckpt = first_phase(spark, tmp_path)
+def delete_a_file_of_version_2(ckpt: Path) -> tuple[Path, str]:
     store = ckpt / "state" / "0" / "2"
     manifest = json.loads((store / "manifests" / "2.json").read_text())
     victim = sorted(ref["path"] for kind in ("shared", "private") for ref in manifest[kind].values())[0]
     os.remove(store / victim)
-    message = restart_error(spark, input_dir, ckpt)
+    return store, victim
+
+
+def test_missing_data_file_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
+    # Without local copies the checkpoint is the only source, so the loss must be reported.
+    spark.conf.set(CONF + "localRecovery", "false")
+    try:
+        input_dir, ckpt = first_phase(spark, tmp_path)
+        _, victim = delete_a_file_of_version_2(ckpt)
+        message = restart_error(spark, input_dir, ckpt)
+    finally:
+        spark.conf.unset(CONF + "localRecovery")
     assert victim in message and "version: 2" in message, message
+
+
+def test_missing_data_file_is_restored_from_the_local_copy(spark: SparkSession, tmp_path: Path) -> None:
+    spark.conf.set(CONF + "localRecoveryDir", str(tmp_path / "recovery"))
+    try:
+        input_dir, ckpt = first_phase(spark, tmp_path)
+        delete_a_file_of_version_2(ckpt)
+        run_ours(spark, input_dir, ckpt)  # the restart succeeds: this host still has the file
+    finally:
+        spark.conf.unset(CONF + "localRecoveryDir")
 
 
 def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_path: Path) -> None:
