@@ -76,15 +76,11 @@ def state_store_bytes(state_dir: Path, since: float) -> int:
     )
 
 
-def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) -> dict[str, float]:
-    provider, backend = RUNS[name]
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-    if backend:
-        spark.conf.set("spark.sql.streaming.stateStore.pystatestore.backend", backend)
-    checkpoint = work / f"ckpt-{name}"
+def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
+    """Counts and sums per key over everything available, one file per batch; returns the progress
+    reports of batches that had input."""
     source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
     agg = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    started = time.time()
     query = (
         agg.writeStream.outputMode("update")
         .format("noop")
@@ -94,8 +90,18 @@ def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) ->
     )
     query.awaitTermination()
     if query.exception():
-        raise SystemExit(f"{name}: query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        raise SystemExit(f"query failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) -> dict[str, float]:
+    provider, backend = RUNS[name]
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+    if backend:
+        spark.conf.set("spark.sql.streaming.stateStore.pystatestore.backend", backend)
+    checkpoint = work / f"ckpt-{name}"
+    started = time.time()
+    progress = run_aggregation(spark, input_dir, checkpoint)
     steady = progress[1 + WARMUP_BATCHES :]
     batch_ms = [p["durationMs"]["triggerExecution"] for p in steady]
     commit_ms = [p["stateOperators"][0]["commitTimeMs"] / PARTITIONS for p in steady]

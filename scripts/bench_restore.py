@@ -23,9 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 import pystatestore
+from bench import run_aggregation  # scripts/ is on sys.path when run as a script
 
 PARTITIONS = 4
 RESTARTS = 3
@@ -43,22 +43,6 @@ def write_file(input_dir: Path, index: int, keys: range) -> None:
         pa.table({"key": pa.array(keys, pa.int64()), "value": pa.array([index] * len(keys), pa.int64())}), path
     )
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
-
-
-def run_once(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
-    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
-    agg = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    query = (
-        agg.writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception():
-        raise SystemExit(f"query failed: {query.exception()}")
-    return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
 def main() -> None:
@@ -88,11 +72,11 @@ def main() -> None:
         input_dir.mkdir()
         write_file(input_dir, 0, range(args.keys))
         write_file(input_dir, 1, range(0, args.keys, 1000))
-        run_once(spark, input_dir, checkpoint)
+        run_aggregation(spark, input_dir, checkpoint)
         samples = []
         for restart in range(RESTARTS):  # each restart adds a small file and restores the state
             write_file(input_dir, 2 + restart, range(1 + restart, args.keys, 1000))
-            first = run_once(spark, input_dir, checkpoint)[0]
+            first = run_aggregation(spark, input_dir, checkpoint)[0]
             op = first["stateOperators"][0]
             m = op.get("customMetrics", {})
             samples.append(

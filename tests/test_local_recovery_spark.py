@@ -44,27 +44,38 @@ def local_spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tmp_path: Path) -> None:
-    recovery = tmp_path / "recovery"
-    local_spark.conf.set(CONF + "localRecoveryDir", str(recovery))
+def compare_with_builtin(spark: SparkSession, tmp_path: Path, recovery_dir: Path, before_phase=None) -> dict:  # noqa: ANN001
+    """Runs the restart scenario with the HDFS provider and ours (local copies in `recovery_dir`),
+    asserts equal outputs, and returns our restore totals."""
+    spark.conf.set(CONF + "localRecoveryDir", str(recovery_dir))
     try:
         expected, _ = run_with_restart(
-            local_spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
+            spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
         )
-        damaged: list[Path] = []
         actual, progress = run_with_restart(
-            local_spark,
+            spark,
             aggregation,
             provider=OUR_PROVIDER,
             workdir=tmp_path / "ours",
             output_mode="update",
-            before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
+            before_phase=before_phase,
             all_progress=True,
         )
     finally:
-        local_spark.conf.unset(CONF + "localRecoveryDir")
+        spark.conf.unset(CONF + "localRecoveryDir")
     assert actual == expected
-    totals = restore_totals(progress)
+    return restore_totals(progress)
+
+
+def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    damaged: list[Path] = []
+    totals = compare_with_builtin(
+        local_spark,
+        tmp_path,
+        recovery,
+        before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
+    )
     assert totals["pystatestoreRestoreRemoteFiles"] == 1, (totals, damaged)
     assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
 
@@ -72,23 +83,7 @@ def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tm
 def test_unwritable_local_recovery_dir_restores_from_checkpoint(local_spark: SparkSession, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    local_spark.conf.set(CONF + "localRecoveryDir", str(blocker / "recovery"))
-    try:
-        expected, _ = run_with_restart(
-            local_spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
-        )
-        actual, progress = run_with_restart(
-            local_spark,
-            aggregation,
-            provider=OUR_PROVIDER,
-            workdir=tmp_path / "ours",
-            output_mode="update",
-            all_progress=True,
-        )
-    finally:
-        local_spark.conf.unset(CONF + "localRecoveryDir")
-    assert actual == expected
-    totals = restore_totals(progress)
+    totals = compare_with_builtin(local_spark, tmp_path, blocker / "recovery")
     assert totals["pystatestoreRestoreLocalFiles"] == 0 and totals["pystatestoreRestoreRemoteFiles"] > 0, totals
 
 

@@ -198,11 +198,9 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
       val state = VersionState.build(version, rows.iterator, prefixOf)
       remember(state)
-      val workerMs = longField(reply, "loadMs")
       LoadedVersion(state, LoadMetrics(
         fromCache = false,
         totalMs = (System.nanoTime() - started) / 1000000,
-        workerMs = workerMs,
         bytesRead = longField(reply, "bytes"),
         fromReply = replyMetrics(reply)))
     } finally file.delete()
@@ -285,11 +283,11 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
 private[pystatestore] case class LoadedVersion(state: VersionState, load: LoadMetrics)
 
 private[pystatestore] case class LoadMetrics(
-    fromCache: Boolean, totalMs: Long, workerMs: Long, bytesRead: Long,
+    fromCache: Boolean, totalMs: Long, bytesRead: Long,
     fromReply: Map[String, Long] = Map.empty)
 
 private[pystatestore] object LoadMetrics {
-  val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L, 0L)
+  val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L)
 }
 
 object PythonStateStoreProvider {
