@@ -76,6 +76,24 @@ def state_store_bytes(state_dir: Path, since: float) -> int:
     )
 
 
+def bench_session(app: str, **conf: str) -> SparkSession:
+    """local[2] with PARTITIONS shuffle partitions, no UI, and no maintenance during the run, so
+    every provider keeps all the files it wrote and checkpoint sizes compare like for like."""
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = pystatestore.configure_spark(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
     """Counts and sums per key over everything available, one file per batch; returns the progress
     reports of batches that had input."""
@@ -135,16 +153,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("pystatestore-bench")
-        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
-    )
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session("pystatestore-bench")
     results = {name: run_provider(spark, name, work / "input", work) for name in RUNS}
     spark_version = spark.version
     spark.stop()

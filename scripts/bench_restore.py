@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
 
 import pystatestore
-from bench import run_aggregation  # scripts/ is on sys.path when run as a script
+from bench import PARTITIONS, bench_session, run_aggregation  # scripts/ is on sys.path when run as a script
 
-PARTITIONS = 4
 RESTARTS = 3
 CONF = "spark.sql.streaming.stateStore.pystatestore."
 RUNS = {
@@ -51,17 +49,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pss-bench-restore-"))
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("pystatestore-bench-restore")
-        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
-        .config("spark.driver.memory", "6g")
-    )
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session("pystatestore-bench-restore", **{"spark.driver.memory": "6g"})
     results = {}
     for name, (provider, confs) in RUNS.items():
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,37 +44,55 @@ def local_spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def compare_with_builtin(spark: SparkSession, tmp_path: Path, recovery_dir: Path, before_phase=None) -> dict:  # noqa: ANN001
+def compare_with_builtin(
+    spark: SparkSession,
+    tmp_path: Path,
+    recovery_dir: Path,
+    *,
+    before_phase: Callable[[int], None] | None = None,
+    before_ours: Callable[[], None] | None = None,
+    files_per_phase: int = 3,
+) -> list[dict]:
     """Runs the restart scenario with the HDFS provider and ours (local copies in `recovery_dir`),
-    asserts equal outputs, and returns our restore totals."""
+    asserts equal outputs, and returns every progress report of our run."""
     spark.conf.set(CONF + "localRecoveryDir", str(recovery_dir))
     try:
         expected, _ = run_with_restart(
-            spark, aggregation, provider=HDFS_PROVIDER, workdir=tmp_path / "ref", output_mode="update"
+            spark,
+            aggregation,
+            provider=HDFS_PROVIDER,
+            workdir=tmp_path / "ref",
+            output_mode="update",
+            files_per_phase=files_per_phase,
         )
+        if before_ours is not None:
+            before_ours()
         actual, progress = run_with_restart(
             spark,
             aggregation,
             provider=OUR_PROVIDER,
             workdir=tmp_path / "ours",
             output_mode="update",
+            files_per_phase=files_per_phase,
             before_phase=before_phase,
             all_progress=True,
         )
     finally:
         spark.conf.unset(CONF + "localRecoveryDir")
     assert actual == expected
-    return restore_totals(progress)
+    return progress
 
 
 def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tmp_path: Path) -> None:
     recovery = tmp_path / "recovery"
     damaged: list[Path] = []
-    totals = compare_with_builtin(
-        local_spark,
-        tmp_path,
-        recovery,
-        before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
+    totals = restore_totals(
+        compare_with_builtin(
+            local_spark,
+            tmp_path,
+            recovery,
+            before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
+        )
     )
     assert totals["pystatestoreRestoreRemoteFiles"] == 1, (totals, damaged)
     assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
@@ -83,52 +101,36 @@ def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tm
 def test_unwritable_local_recovery_dir_restores_from_checkpoint(local_spark: SparkSession, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    totals = compare_with_builtin(local_spark, tmp_path, blocker / "recovery")
+    totals = restore_totals(compare_with_builtin(local_spark, tmp_path, blocker / "recovery"))
     assert totals["pystatestoreRestoreLocalFiles"] == 0 and totals["pystatestoreRestoreRemoteFiles"] > 0, totals
 
 
 @pytest.mark.cluster
 def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
-    spark = start_session("local-cluster[2,1,1024]", **{CONF + "localRecoveryDir": str(tmp_path / "recovery")})
+    state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(state_dir.glob("*/manifests/3.json")):
+            time.sleep(0.02)
+        pids = subprocess.run(
+            ["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True
+        ).stdout.split()
+        if pids:
+            os.kill(int(pids[0]), signal.SIGKILL)
+            killed.append(int(pids[0]))
+
+    thread = threading.Thread(target=killer, daemon=True)
+    spark = start_session("local-cluster[2,1,1024]")
     try:
-        expected, _ = run_with_restart(
-            spark,
-            aggregation,
-            provider=HDFS_PROVIDER,
-            workdir=tmp_path / "ref",
-            output_mode="update",
-            files_per_phase=4,
-        )
-        state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
-        killed: list[int] = []
-
-        def killer() -> None:
-            deadline = time.time() + 300
-            while time.time() < deadline and not any(state_dir.glob("*/manifests/3.json")):
-                time.sleep(0.02)
-            pids = subprocess.run(
-                ["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True
-            ).stdout.split()
-            if pids:
-                os.kill(int(pids[0]), signal.SIGKILL)
-                killed.append(int(pids[0]))
-
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
-        actual, progress = run_with_restart(
-            spark,
-            aggregation,
-            provider=OUR_PROVIDER,
-            workdir=tmp_path / "ours",
-            output_mode="update",
-            files_per_phase=4,
-            all_progress=True,
+        progress = compare_with_builtin(
+            spark, tmp_path, tmp_path / "recovery", files_per_phase=4, before_ours=thread.start
         )
         thread.join(10)
     finally:
         spark.stop()
     assert killed, "no executor was killed"
-    assert actual == expected
     after_kill = [p for p in progress if p["batchId"] >= 3]
     per_batch = [restore_totals([p]) for p in after_kill]
     assert any(
