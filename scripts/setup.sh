@@ -20,7 +20,14 @@ fi
 .venv/bin/python -c "import pyspark, pyarrow, rocksdict, py4j" # fail early if the install did not take
 
 echo "setup: building the shim jar with gradle (offline)"
-gradle --offline -q jar 2>&1 | grep -vE "^(openjdk|OpenJDK)" || true
+# A failed build must fail setup: never run the tests against a jar left over from an earlier build.
+rm -f jvm-shim/build/libs/pystatestore-shim.jar
+mkdir -p .gradle
+if ! gradle --offline -q jar > .gradle/build.log 2>&1; then
+  grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
+  echo "setup: gradle failed to build the shim jar (log above)" >&2
+  exit 1
+fi
 test -f jvm-shim/build/libs/pystatestore-shim.jar
 
 echo "setup: pip install . (wheel with the jar inside)"
