@@ -31,7 +31,6 @@ def spark() -> Iterator[SparkSession]:
         **{
             "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
             "spark.sql.shuffle.partitions": "2",
-            CONF + "orphanGraceSeconds": "0",
         },
     )
     yield session

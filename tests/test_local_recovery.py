@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -114,3 +115,53 @@ def test_maintenance_removes_copies_of_stores_that_are_gone(tmp_path: Path) -> N
     assert report["staleLocalStoresRemoved"] == 1
     stores = {json.loads(m.read_text())["store"] for m in rec.rglob(MARKER)}
     assert stores == {f"file:{tmp_path / 'live-store'}"}
+
+
+def test_copies_are_owner_only(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    commit_versions(tmp_path / "store", tmp_path / "w1", rec, n=2)
+    dirs = [rec, rec / "v1", *[m.parent for m in rec.rglob(MARKER)], *[m.parent.parent for m in rec.rglob(MARKER)]]
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in dirs), {str(d): oct(d.stat().st_mode) for d in dirs}
+
+
+def test_a_recovery_dir_made_world_writable_is_tightened(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir(mode=0o777)
+    os.chmod(rec, 0o777)
+    commit_versions(tmp_path / "store", tmp_path / "w1", rec, n=1)
+    assert stat.S_IMODE(rec.stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs to hand a directory to another user")
+def test_a_recovery_dir_of_another_user_is_never_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rec = tmp_path / "rec"
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", rec)
+    os.chown(rec, 65534, 65534)  # now it belongs to "nobody", who could have planted files
+    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        b, result = restore(tmp_path / "store", tmp_path / "w2", rec, 3)
+    assert result.metrics["restoreLocalFiles"] == 0, "a copy in someone else's directory was trusted"
+    assert any("belongs to uid 65534" in r.getMessage() for r in caplog.records), caplog.text
+    assert state_of(b, 3) == expected
+
+
+def test_a_symlinked_recovery_dir_is_never_used(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", real)
+    link = tmp_path / "rec-link"
+    os.symlink(real, link)
+    b, result = restore(tmp_path / "store", tmp_path / "w2", link, 3)
+    assert result.metrics["restoreLocalFiles"] == 0
+    assert state_of(b, 3) == expected
+
+
+@pytest.mark.parametrize("field", ["store", "version", "manifestId"])
+def test_a_copy_whose_marker_does_not_describe_it_is_ignored(tmp_path: Path, field: str) -> None:
+    rec = tmp_path / "rec"
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", rec, keep=1)
+    (marker,) = rec.rglob(MARKER)
+    doc = json.loads(marker.read_text())
+    doc[field] = {"store": "file:/other", "version": 99, "manifestId": "f" * 32}[field]
+    marker.write_text(json.dumps(doc))
+    b, result = restore(tmp_path / "store", tmp_path / "w2", rec, 3)
+    assert result.metrics["restoreLocalFiles"] == 0
+    assert state_of(b, 3) == expected

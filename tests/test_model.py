@@ -1,12 +1,18 @@
 """Model-based test of the rocksdb backend and its garbage collection (DESIGN §7).
 
-Random histories of put/remove/commit/abort/reload of an older version/maintenance, with a simulated
-worker death between any two steps of a commit or of garbage collection, are run against a dict
-model. After every step: every retained version reloads to exactly the model's content, and no file
-a retained manifest references is missing; after maintenance past the grace period, no unreferenced
-file remains.
+Random histories against a dict model: puts and removes (one key or many), commits, aborts, reloads
+of an older version, maintenance, a simulated worker death at any step of a commit (mid-upload,
+mid-restore, mid-local-save included) or of garbage collection, a retry by the same instance after a
+failed commit, and a second instance (another executor) that, in the middle of a commit, commits a
+competing attempt at the same version or runs garbage collection, possibly far enough in the future
+that the first commit's files look abandoned. The L0 compaction trigger is 2, so compactions (which
+rewrite SSTs and make later versions stop sharing them) happen all the time.
 
-The CI run uses the "ci" profile (1,000 examples); `scripts/model_check.sh` runs 10,000.
+After every step: every retained version reloads to exactly the model's content from a cold worker,
+and no file a retained manifest references is missing; after maintenance past the grace period, no
+unreferenced file remains.
+
+The CI run uses the "ci" profile; `scripts/model_check.sh` runs 10,000 histories.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -23,32 +30,50 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from backend_support import changes, make_backend, state_of
 from pystatestore.backends import StateBackend
+from pystatestore.leases import LeaseLostError
 
 settings.register_profile(
-    "ci", max_examples=1000, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)
+    "ci", max_examples=250, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.register_profile(
-    "thorough", max_examples=10_000, stateful_step_count=20, deadline=None, suppress_health_check=list(HealthCheck)
+    "thorough", max_examples=10_000, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.register_profile(
-    "quick", max_examples=60, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)
+    "quick", max_examples=40, stateful_step_count=20, deadline=None, suppress_health_check=list(HealthCheck)
 )
 PROFILE = os.environ.get("PYSTATESTORE_MODEL_PROFILE", "ci")
 
 RETAIN = 2
-KEYS = [f"k{i}".encode() for i in range(6)]
+GRACE = 60.0
+KEYS = [f"k{i:02d}".encode() for i in range(40)]
+# Named points of a commit, in order. Restore points are reached only when the instance's local DB
+# is not the base version (after a restart, a crash or another attempt's manifest).
 COMMIT_POINTS = [
+    "restore:file",
+    "download:file",
     "commit:applied",
     "commit:flushed",
     "commit:checkpointed",
+    "upload:file",
     "commit:uploaded",
     "commit:manifest-written",
+    "local-save:moved",
 ]
-FAR_FUTURE = 1e12
+DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from here on keeps the version
 
 
 class SimulatedCrashError(Exception):
     """The worker died here."""
+
+
+class SimClock:
+    """Wall clock plus an offset: the clock of a commit in flight while simulated time passes."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
 
 
 def crash_at(point: str, after: int = 0):  # noqa: ANN201
@@ -68,62 +93,62 @@ class BackendModel(RuleBasedStateMachine):
     def setup(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pss-model-"))
         self.store_dir = self.root / "store"
+        self.clock = SimClock()
         self.generation = 0
         self.backend = self.new_backend()
+        self.other = self.new_backend()  # another executor's instance of the same store
         self.committed: dict[int, dict[bytes, bytes]] = {0: {}}  # versions that must reload exactly
         self.base = 0
         self.pending: dict[bytes, bytes | None] = {}
 
     def teardown(self) -> None:
         self.backend.close()
+        self.other.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def new_backend(self) -> StateBackend:
+    def new_backend(self, *, local_copies: bool = True) -> StateBackend:
         """A fresh worker: new local directory, nothing in memory."""
         self.generation += 1
         local = self.root / f"local-{self.generation}"
         # Writers share this host's local recovery copies across restarts, as workers on one host do.
-        return make_backend(
-            "rocksdb",
-            self.store_dir,
-            local,
-            retain=RETAIN,
-            grace=60.0,
-            options={"localRecoveryDir": str(self.root / "recovery")},
-        )
-
-    def cold_reader(self) -> StateBackend:
-        """A worker on another host: no local copies, everything comes from the checkpoint."""
-        self.generation += 1
-        return make_backend(
-            "rocksdb",
-            self.store_dir,
-            self.root / f"local-{self.generation}",
-            retain=RETAIN,
-            options={"localRecovery": "false"},
-        )
+        options = {"rocksdb.l0CompactionTrigger": "2", "transferThreads": "2"}
+        options |= {"localRecoveryDir": str(self.root / "recovery")} if local_copies else {"localRecovery": "false"}
+        b = make_backend("rocksdb", self.store_dir, local, retain=RETAIN, grace=GRACE, options=options)
+        b.clock = self.clock.now
+        return b
 
     def restart_worker(self) -> None:
         self.backend.close()
         self.backend = self.new_backend()
 
-    def expected_next(self) -> dict[bytes, bytes]:
+    def expected_next(self, pending: dict[bytes, bytes | None] | None = None) -> dict[bytes, bytes]:
         state = dict(self.committed[self.base])
-        for k, v in self.pending.items():
+        for k, v in (self.pending if pending is None else pending).items():
             if v is None:
                 state.pop(k, None)
             else:
                 state[k] = v
         return state
 
-    def pending_frame(self):  # noqa: ANN201
-        puts = {k: v for k, v in self.pending.items() if v is not None}
-        return changes(puts, [k for k, v in self.pending.items() if v is None])
+    @staticmethod
+    def frame(pending: dict[bytes, bytes | None]):  # noqa: ANN205
+        puts = {k: v for k, v in pending.items() if v is not None}
+        return changes(puts, [k for k, v in pending.items() if v is None])
+
+    def record_commit(self, state: dict[bytes, bytes]) -> None:
+        self.base += 1
+        self.committed[self.base] = state
+        self.pending = {}
 
     # -- rules ----------------------------------------------------------------------------
-    @rule(key=st.sampled_from(KEYS), value=st.binary(min_size=1, max_size=40))
+    @rule(key=st.sampled_from(KEYS), value=st.binary(min_size=1, max_size=200))
     def put(self, key: bytes, value: bytes) -> None:
         self.pending[key] = value
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=5, max_size=40, unique=True), size=st.integers(1, 400))
+    def put_many(self, keys: list[bytes], size: int) -> None:
+        for i, k in enumerate(keys):
+            self.pending[k] = bytes([i % 251]) * size
 
     @rule(key=st.sampled_from(KEYS))
     def remove(self, key: bytes) -> None:
@@ -133,28 +158,102 @@ class BackendModel(RuleBasedStateMachine):
     @rule()
     def commit(self) -> None:
         expected = self.expected_next()
-        self.backend.commit(self.base, self.pending_frame(), f"attempt-{self.generation}")
-        self.base += 1
-        self.committed[self.base] = expected
-        self.pending = {}
+        self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
+        self.record_commit(expected)
 
     @rule()
     def abort(self) -> None:
         self.pending = {}
 
-    @precondition(lambda self: self.base in self.committed)
-    @rule(point=st.sampled_from(COMMIT_POINTS))
-    def crash_during_commit(self, point: str) -> None:
+    def commit_with_crash(self, point: str) -> bool:
+        """Commits with a crash at `point`; returns whether the version is durable. A commit that
+        never reaches the point (no restore was needed) simply succeeds."""
         expected = self.expected_next()
         self.backend.fault_hook = crash_at(point)
         try:
-            self.backend.commit(self.base, self.pending_frame(), f"attempt-{self.generation}")
-            raise AssertionError(f"no crash at {point}")
+            self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
         except SimulatedCrashError:
-            pass
-        if point == "commit:manifest-written":  # durable, though the task never heard back
-            self.committed[self.base + 1] = expected
+            durable = COMMIT_POINTS.index(point) >= DURABLE_FROM
+            if durable:  # durable, though the task never heard back
+                self.committed[self.base + 1] = expected
+            return durable
+        finally:
+            self.backend.fault_hook = None
+        self.record_commit(expected)
+        return True
+
+    @precondition(lambda self: self.base in self.committed)
+    @rule(point=st.sampled_from(COMMIT_POINTS))
+    def crash_during_commit(self, point: str) -> None:
+        self.commit_with_crash(point)
         self.restart_worker()  # the task fails; its retry keeps the same base and changes
+
+    @precondition(lambda self: self.base in self.committed)
+    @rule(point=st.sampled_from(COMMIT_POINTS))
+    def failed_commit_then_retry_by_the_same_instance(self, point: str) -> None:
+        """A commit fails without the worker dying (e.g. an upload error); Spark retries the task on
+        the same executor, so the same instance commits the same version again."""
+        pending = dict(self.pending)
+        base_before = self.base
+        self.commit_with_crash(point)
+        if self.base == base_before:  # the failure left it uncommitted (or durable but unheard): retry
+            self.pending = pending
+            self.commit()
+
+    def let_time_pass(self, seconds: float) -> None:
+        """Everything in the store gets `seconds` older, as if that much time had passed. (Moving
+        GC's clock forward instead would make files written later look old too: clock skew.)"""
+        if not self.store_dir.exists():
+            return
+        for p in [self.store_dir, *self.store_dir.rglob("*")]:
+            st_ = p.lstat()
+            os.utime(p, (st_.st_atime - seconds, st_.st_mtime - seconds), follow_symlinks=False)
+
+    @precondition(lambda self: self.base in self.committed)
+    @rule(
+        point=st.sampled_from(COMMIT_POINTS),
+        action=st.sampled_from(["gc-now", "gc-past-grace", "competing-commit"]),
+        other_keys=st.lists(st.sampled_from(KEYS), max_size=10, unique=True),
+    )
+    def other_instance_acts_during_a_commit(self, point: str, action: str, other_keys: list[bytes]) -> None:
+        other_pending: dict[bytes, bytes | None] = {k: b"other-" + k for k in other_keys}
+        acted: list[str] = []
+
+        def hook(name: str) -> None:
+            if name != point or acted:
+                return
+            acted.append(name)
+            if action == "gc-now":
+                self.other.maintenance()
+            elif action == "gc-past-grace":
+                self.let_time_pass(GRACE + 1)
+                self.clock.offset += GRACE + 1  # the commit in flight sees the time pass, too
+                self.other.maintenance()
+            else:
+                self.other.commit(self.base, self.frame(other_pending), "competing-attempt")
+
+        mine = self.expected_next()
+        theirs = self.expected_next(other_pending)
+        self.backend.fault_hook = hook
+        try:
+            self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
+            published = True
+        except LeaseLostError:
+            # Frozen past its lease while GC ran: it must not publish (its files may be gone).
+            assert action == "gc-past-grace", action
+            published = False
+        finally:
+            self.backend.fault_hook = None
+            self.clock.offset = 0.0
+        if action == "competing-commit" and acted:
+            # The manifest renamed last wins: ours, unless the other attempt ran after we published.
+            they_won = not published or COMMIT_POINTS.index(point) >= DURABLE_FROM
+            self.record_commit(theirs if they_won else mine)
+        elif published:
+            self.record_commit(mine)
+        else:
+            self.pending = {}
+        self.forget_below(self.lowest_retained())
 
     @rule(data=st.data())
     def reload_older_version(self, data: st.DataObject) -> None:
@@ -164,7 +263,9 @@ class BackendModel(RuleBasedStateMachine):
 
     @rule(past_grace=st.booleans())
     def maintenance(self, past_grace: bool) -> None:
-        report = self.backend.maintenance(now=FAR_FUTURE if past_grace else None)
+        if past_grace:
+            self.let_time_pass(GRACE + 1)
+        report = self.backend.maintenance()
         self.forget_below(report["lowestRetained"])
         if past_grace:
             self.assert_no_unreferenced_files()
@@ -173,8 +274,9 @@ class BackendModel(RuleBasedStateMachine):
     def crash_during_gc(self, deletions: int) -> None:
         lowest = self.lowest_retained()
         self.backend.fault_hook = crash_at("gc:deleted", after=deletions)
+        self.let_time_pass(GRACE + 1)
         try:
-            self.backend.maintenance(now=FAR_FUTURE)
+            self.backend.maintenance()
         except SimulatedCrashError:
             pass
         self.forget_below(lowest)
@@ -206,7 +308,7 @@ class BackendModel(RuleBasedStateMachine):
     def data_files(self) -> set[str]:
         return {
             str(p.relative_to(self.store_dir))
-            for d in ("shared", "private")
+            for d in ("shared", "private", "leases")
             for p in (self.store_dir / d).rglob("*")
             if p.is_file()
         }
@@ -219,6 +321,8 @@ class BackendModel(RuleBasedStateMachine):
             for ref in m[kind].values()
         }
         assert self.data_files() == referenced
+        empty_dirs = [p for p in (self.store_dir / "private").glob("*") if p.is_dir() and not any(p.iterdir())]
+        assert not empty_dirs, empty_dirs
 
     # -- invariants -----------------------------------------------------------------------
     @invariant()
@@ -236,7 +340,7 @@ class BackendModel(RuleBasedStateMachine):
         if not hasattr(self, "store_dir"):
             return
         lowest = self.lowest_retained()
-        reader = self.cold_reader()
+        reader = self.new_backend(local_copies=False)  # a worker on another host: only the checkpoint
         try:
             for v, expected in self.committed.items():
                 if v == 0 or lowest is None or v < lowest:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pystatestore.remote import RemoteFile
-from pystatestore.retention import lowest_retained_version, plan_retention
+from pystatestore.retention import plan_retention
 
 NOW = 1_000_000.0
 GRACE = 600.0
@@ -91,10 +91,64 @@ def test_stale_manifest_temporaries_are_cleaned_after_grace() -> None:
 )
 def test_never_deletes_what_a_retained_version_references(refs: dict[int, list[str]], retain: int) -> None:
     plan = plan_retention(listing_for(refs), refs, min_versions_to_retain=retain, now=NOW, orphan_grace_seconds=GRACE)
-    lowest = lowest_retained_version(refs, retain)
+    # Spark's rule, stated independently: the newest version and the `retain` versions before it.
+    lowest = max(refs) - retain
+    assert plan.lowest_retained == lowest
     needed = {p for v, r in refs.items() if v >= lowest for p in r}
     assert needed.isdisjoint(plan.delete_files)
     assert max(refs) in plan.kept_versions
     # Everything no retained version needs is gone (all files here are older than the grace period).
     all_data = {p for r in refs.values() for p in r}
     assert set(plan.delete_files) == all_data - needed
+
+
+TOKEN_A, TOKEN_B = "a" * 32, "b" * 32
+
+
+def test_orphans_of_an_attempt_holding_a_lease_are_kept_however_old() -> None:
+    versions = {1: ["private/1/M"]}
+    slow = [(f"shared/{TOKEN_A}-000009.sst", 0.0), (f"private/2-{TOKEN_A}/CURRENT", 0.0)]
+    dead = [(f"shared/{TOKEN_B}-000009.sst", 0.0)]
+    lease = [(f"leases/{TOKEN_A}", NOW - GRACE / 4), (f"leases/{TOKEN_B}", NOW - GRACE - 1)]
+    plan = plan_retention(
+        listing_for(versions, slow + dead + lease),
+        versions,
+        min_versions_to_retain=5,
+        now=NOW,
+        orphan_grace_seconds=GRACE,
+    )
+    assert not {p for p, _ in slow} & set(plan.delete_files)
+    assert f"shared/{TOKEN_B}-000009.sst" in plan.delete_files
+    assert f"leases/{TOKEN_B}" in plan.delete_files and f"leases/{TOKEN_A}" not in plan.delete_files
+
+
+def test_attempt_directories_go_when_published_or_dead() -> None:
+    versions = {1: [f"private/1-{TOKEN_A}/M"], 2: ["private/2-x/M"]}
+    c, d = "c" * 32, "d" * 32
+    dirs = [
+        RemoteFile(f"private/1-{TOKEN_A}", 0, NOW),  # published (young mtime: its files were just deleted)
+        RemoteFile(f"private/3-{TOKEN_B}", 0, NOW - 5),  # in flight, no lease yet: young
+        RemoteFile(f"private/3-{c}", 0, NOW - GRACE - 1),  # crashed long ago
+        RemoteFile(f"private/3-{d}", 0, NOW - GRACE - 1),  # slow, holds a lease
+    ]
+    listing = listing_for(versions, [(f"leases/{d}", NOW - 1)])
+    plan = plan_retention(listing, versions, min_versions_to_retain=5, now=NOW, orphan_grace_seconds=GRACE, dirs=dirs)
+    assert plan.delete_dirs == (f"private/1-{TOKEN_A}", f"private/3-{c}")
+
+
+def test_a_set_aside_manifest_stays_while_its_version_has_no_final_manifest() -> None:
+    versions = {1: ["private/1/M"], 2: ["private/2/M"], 3: ["private/3/M"]}
+    listing = [
+        f
+        for f in listing_for(versions)
+        if f.path != "manifests/2.json"  # crash between the two renames
+    ] + [
+        RemoteFile("manifests/.replaced-2.json-1f", 10, NOW - 5000),
+        RemoteFile("manifests/.replaced-3.json-2e", 10, NOW - 5000),  # 3 has its final manifest again
+        RemoteFile("manifests/.replaced-3.json-3d", 10, NOW - 1),  # ...but this one is still young
+    ]
+    plan = plan_retention(listing, versions, min_versions_to_retain=5, now=NOW, orphan_grace_seconds=GRACE)
+    assert "manifests/.replaced-2.json-1f" not in plan.delete_files
+    assert "manifests/.replaced-3.json-2e" in plan.delete_files
+    assert "manifests/.replaced-3.json-3d" not in plan.delete_files
+    assert "private/2/M" not in plan.delete_files

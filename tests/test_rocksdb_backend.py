@@ -74,7 +74,7 @@ def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Pa
 
 
 def test_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: Path) -> None:
-    b = make_backend("rocksdb", store_dir, tmp_path, retain=1, grace=0.0)
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=1)
     b.commit(0, changes({f"k{i}".encode(): b"v" for i in range(1000)}), "t")
     first_ssts = {r["path"] for r in manifest(store_dir, 1)["shared"].values()}
     for v in range(2, 6):

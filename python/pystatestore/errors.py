@@ -54,6 +54,15 @@ class InvalidPathError(StateStoreError):
     advice = "The manifest was not written by pystatestore or was tampered with; nothing was read or deleted."
 
 
+class BaseVersionReplacedError(StateStoreError):
+    """A commit was based on an attempt at the base version that another attempt's manifest replaced."""
+
+    advice = (
+        "Another attempt committed this version after the one this task started from; the task fails "
+        "and Spark retries it on the version the checkpoint holds. Nothing was written."
+    )
+
+
 class StoreConfigError(StateStoreError):
     """An option the user set cannot be honoured."""
 

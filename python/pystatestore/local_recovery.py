@@ -6,9 +6,12 @@ manifest lists from a local copy when its size and checksum match, and downloads
 missing or damaged. Writing a copy never fails a commit: problems are logged once per store and
 the store carries on without local copies.
 
-Layout (everything this module ever deletes lies inside it):
+Layout (everything this module ever deletes lies inside it; every directory is owner-only):
     <root>/v1/<store key>/<version>-<manifest id>/   files of that version's checkpoint
     <root>/v1/<store key>/<version>-<manifest id>/.pystatestore-copy.json   written last
+
+A copy is trusted only if its marker names this store, its version and its manifest id, and each
+file is used only if its size and checksum match the manifest being restored.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 import zlib
@@ -25,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidPathError
 from .manifest import FileRef
+from .remote import local_file_in
 
 MARKER = ".pystatestore-copy.json"
 LAYOUT = "v1"
@@ -34,8 +40,38 @@ log = logging.getLogger("pystatestore.local_recovery")
 
 
 def default_root() -> Path:
-    """Outside Spark's per-application temp dirs, so a restarted executor on this host finds it."""
-    return Path(tempfile.gettempdir()) / "pystatestore-local-recovery"
+    """Outside Spark's per-application temp dirs, so a restarted executor on this host finds it;
+    one per user, since the directory is owner-only."""
+    return Path(tempfile.gettempdir()) / f"pystatestore-local-recovery-{os.getuid()}"
+
+
+class UnsafeDirectoryError(OSError):
+    """A local-recovery directory that another user could tamper with."""
+
+
+def make_private_dir(path: Path, *, create: bool = True) -> None:
+    """Creates `path` (and missing parents) owner-only, or checks that an existing one is a real
+    directory owned by this user, tightening its mode if it is ours. Raises UnsafeDirectoryError
+    when it is a symbolic link or belongs to someone else (FileNotFoundError when it is missing and
+    `create` is false)."""
+    if create:
+        missing = []
+        p = path
+        while not os.path.lexists(p):
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectoryError(f"{path} is not a plain directory (a symbolic link or a file)")
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectoryError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 def store_key(store_dir: str) -> str:
@@ -61,10 +97,18 @@ class LocalCopy:
 class LocalRecoveryStore:
     """The local copies of one store on this host."""
 
-    def __init__(self, root: Path, store_dir: str, versions_kept: int = DEFAULT_VERSIONS_KEPT) -> None:
+    def __init__(
+        self,
+        root: Path,
+        store_dir: str,
+        versions_kept: int = DEFAULT_VERSIONS_KEPT,
+        hook: Callable[[str], None] | None = None,
+    ) -> None:
         self.store_dir = store_dir
         self.versions_kept = max(1, versions_kept)
+        self.root = root
         self.dir = root / LAYOUT / store_key(store_dir)
+        self.hook = hook  # tests raise from it to crash between moving a copy and marking it
         self._disabled_reason: str | None = None
 
     @property
@@ -85,12 +129,17 @@ class LocalRecoveryStore:
         if not self.enabled:
             return False
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
+            make_private_dir(self.root / LAYOUT)
+            make_private_dir(self.dir)
             target = self.dir / f"{version}-{manifest_id}"
             try:
                 os.rename(checkpoint_dir, target)
             except OSError:  # another filesystem: copy, hard links are impossible
                 shutil.copytree(checkpoint_dir, target)
+            os.chmod(target, 0o700)
+            if self.hook is not None:
+                self.hook("local-save:moved")
             marker = {"store": self.store_dir, "version": version, "manifestId": manifest_id, "savedAt": time.time()}
             (target / MARKER).write_text(json.dumps(marker))
             self.prune(keep_newest=self.versions_kept)
@@ -100,23 +149,52 @@ class LocalRecoveryStore:
             return False
 
     def copies(self) -> list[LocalCopy]:
-        """Complete copies, newest first. Incomplete ones (no marker) are ignored."""
-        if not self.enabled or not self.dir.is_dir():
+        """Complete copies, newest first. Incomplete ones (no marker) and copies whose marker does
+        not describe them (another store, version or attempt) are ignored."""
+        if not self.enabled:
+            return []
+        try:
+            for d in (self.root, self.root / LAYOUT, self.dir):
+                make_private_dir(d, create=False)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            self._disable(f"{type(e).__name__}: {e}")
             return []
         found = []
         for d in self.dir.iterdir():
             version, _, manifest_id = d.name.partition("-")
-            if d.is_dir() and version.isdigit() and (d / MARKER).is_file():
+            if d.is_dir() and not d.is_symlink() and version.isdigit() and self._marker_matches(d, int(version)):
                 found.append(LocalCopy(int(version), manifest_id, d))
         return sorted(found, key=lambda c: c.version, reverse=True)
 
-    def find(self, name: str, ref: FileRef, *, version: int) -> Path | None:
+    def _marker_matches(self, copy_dir: Path, version: int) -> bool:
+        try:
+            marker = json.loads((copy_dir / MARKER).read_text())
+        except (OSError, ValueError):
+            return False
+        _, _, manifest_id = copy_dir.name.partition("-")
+        return (
+            isinstance(marker, dict)
+            and marker.get("store") == self.store_dir
+            and marker.get("version") == version
+            and marker.get("manifestId") == manifest_id
+        )
+
+    def find(self, name: str, ref: FileRef, *, version: int, manifest_id: str) -> Path | None:
         """A local file with the content `ref` describes, checked by size and checksum, or None.
-        A damaged candidate is reported and skipped, so the caller downloads that one file."""
+        Copies of `version` made by another attempt than `manifest_id` are never used. A damaged
+        candidate is reported and skipped, so the caller downloads that one file."""
         for copy in self.copies():
-            candidate = copy.path / name
+            if copy.version == version and copy.manifest_id != manifest_id:
+                continue
             try:
-                if not candidate.is_file() or candidate.stat().st_size != ref.size:
+                candidate = Path(local_file_in(copy.path, name, store=self.store_dir, version=version))
+            except InvalidPathError:
+                return None
+            try:
+                st = candidate.lstat()
+                if not stat.S_ISREG(st.st_mode) or st.st_size != ref.size:
                     continue
                 size, checksum = file_checksum(candidate)
             except OSError:
@@ -158,17 +236,19 @@ def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older
     directories under <root>/v1 whose copies carry our marker naming the store."""
     removed = 0
     base = root / LAYOUT
-    if not base.is_dir():
+    if not base.is_dir() or base.is_symlink() or root.is_symlink():
         return 0
     now = time.time()
     for store in base.iterdir():
-        markers = list(store.glob(f"*/{MARKER}")) if store.is_dir() else []
+        markers = list(store.glob(f"*/{MARKER}")) if store.is_dir() and not store.is_symlink() else []
         if not markers:
             continue
         try:
             info = json.loads(markers[0].read_text())
         except (OSError, ValueError):
             continue
+        if not isinstance(info, dict) or store_key(str(info.get("store", ""))) != store.name:
+            continue  # a marker that does not describe its directory: not ours to judge
         if now - markers[0].stat().st_mtime > older_than_s and not store_exists(info.get("store", "")):
             shutil.rmtree(store, ignore_errors=True)
             removed += 1

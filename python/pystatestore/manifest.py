@@ -1,7 +1,8 @@
 """Manifests: a version's commit point (DESIGN §3), written last and atomically.
 
 A manifest lists every file the version needs with its size and checksum. Reading one validates
-its structure and every path in it before anything else trusts it.
+its structure, every path in it and every logical file name (which becomes a local file name)
+before anything else trusts it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import CheckpointDamagedError
-from .remote import validate_relative_path
+from .errors import CheckpointDamagedError, InvalidPathError
+from .remote import validate_file_name, validate_relative_path
 
 FORMAT_VERSION = 1
 MANIFEST_DIR = "manifests"
@@ -98,7 +99,7 @@ class Manifest:
         try:
             refs = {
                 kind: {
-                    str(name): FileRef(
+                    validate_file_name(name, store=store, version=version): FileRef(
                         validate_relative_path(r["path"], store=store, version=version),
                         int(r["size"]),
                         str(r["checksum"]),
@@ -126,6 +127,8 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None
+        except InvalidPathError as e:  # name the manifest that holds the bad entry
+            raise InvalidPathError(e.problem, store=store, version=version, file=file) from None
         if m.version != version:
             raise damaged(f"it describes version {m.version}")
         return m

@@ -1,12 +1,16 @@
 """Checkpoint storage for one store directory, through pyarrow.fs.
 
 Every path handed to this layer is relative to the store directory and validated, so nothing
-outside a store's directory is ever read, written or deleted.
+outside a store's directory is ever read, written or deleted. On the local filesystem listings do
+not follow symbolic links and deletions refuse any path whose real location lies outside the store.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -16,15 +20,39 @@ import pyarrow.fs as pafs
 
 from .errors import CheckpointMissingError, InvalidPathError, StoreConfigError
 
+# Logical file names (RocksDB's 000012.sst, MANIFEST-000005, CURRENT, our snapshot.arrow) are one
+# plain path component: they become local file names, so nothing else may get through.
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+# A manifest an overwrite moved aside on filesystems whose rename cannot replace (see publish).
+REPLACED_PREFIX = ".replaced-"
+
 
 def validate_relative_path(rel: str, *, store: str, version: int | None = None) -> str:
-    """Returns `rel` normalised, or raises if it is absolute, escapes the store or is malformed."""
+    """Returns `rel`, or raises if it is absolute, escapes the store or is malformed."""
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
         raise InvalidPathError(f"invalid path {rel!r} in a manifest", store=store, version=version, file=str(rel))
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts) or ":" in parts[0]:
         raise InvalidPathError(f"path {rel!r} would leave the store directory", store=store, version=version, file=rel)
     return rel
+
+
+def validate_file_name(name: str, *, store: str, version: int | None = None) -> str:
+    """Returns `name` if it is a plain file name (letters, digits, '.', '_', '-'; not '.' or '..')."""
+    if not isinstance(name, str) or not _FILE_NAME.match(name) or name in (".", ".."):
+        raise InvalidPathError(
+            f"file name {name!r} is not a plain file name and could leave the local directory",
+            store=store,
+            version=version,
+            file=str(name),
+        )
+    return name
+
+
+def local_file_in(directory: str | os.PathLike[str], name: str, *, store: str, version: int | None = None) -> str:
+    """`directory/name` after checking that `name` cannot point anywhere else."""
+    validate_file_name(name, store=store, version=version)
+    return os.path.join(os.fspath(directory), name)
 
 
 def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -42,6 +70,11 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path
 
 
+def is_object_store(fs: pafs.FileSystem) -> bool:
+    """Object stores publish a single PUT atomically but have no atomic rename."""
+    return isinstance(fs, (pafs.S3FileSystem, pafs.GcsFileSystem, pafs.AzureFileSystem))
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     path: str  # relative to the store directory
@@ -52,35 +85,61 @@ class RemoteFile:
 class RemoteStore:
     """Files of one store under its `storeCheckpointLocation()`."""
 
-    def __init__(self, store_uri: str) -> None:
+    def __init__(self, store_uri: str, fs: pafs.FileSystem | None = None, root: str | None = None) -> None:
         self.uri = store_uri
-        self.fs, self.root = filesystem_for(store_uri)
+        if fs is None:
+            self.fs, self.root = filesystem_for(store_uri)
+        else:  # tests hand in other filesystems (e.g. one whose rename cannot replace, like HDFS)
+            self.fs, self.root = fs, root if root is not None else store_uri
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.object_store = is_object_store(self.fs)
 
     def _abs(self, rel: str, version: int | None = None) -> str:
         return posixpath.join(self.root, validate_relative_path(rel, store=self.uri, version=version))
 
     def write_bytes(self, rel: str, data: bytes | pa.Buffer) -> None:
-        """Writes a new file. Callers use unique names, so a half-written file is an orphan, never a
-        replacement of a committed one."""
+        """Writes a file. Callers use unique names (or, for leases, their own name), so a half-written
+        file is an orphan, never a replacement of a committed one."""
         path = self._abs(rel)
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
         with self.fs.open_output_stream(path) as out:
             out.write(data)
 
-    def write_atomic(self, rel: str, data: bytes) -> None:
-        """Publishes a file all at once: readers see the old content or the new, never a part."""
+    def publish(self, rel: str, data: bytes) -> None:
+        """Publishes a file all at once: readers see the old content or the new, never a part.
+
+        Object stores: one PUT. Everywhere else: a temporary file renamed over the final name. Where
+        rename cannot replace an existing file (HDFS), the old file is first renamed aside
+        (`.replaced-<name>-<uuid>`) and the new one renamed in; a reader that finds no final file
+        takes the newest file set aside, so a crash between the two renames loses nothing.
+        """
         path = self._abs(rel)
         parent = posixpath.dirname(path)
         self.fs.create_dir(parent, recursive=True)
-        if not self.is_local:  # object stores publish a PUT atomically
+        if self.object_store:
             with self.fs.open_output_stream(path) as out:
                 out.write(data)
             return
-        tmp = posixpath.join(parent, f".tmp-{uuid.uuid4().hex}")
+        name = posixpath.basename(path)
+        tmp = posixpath.join(parent, f".tmp-{name}-{uuid.uuid4().hex}")
         with self.fs.open_output_stream(tmp) as out:
             out.write(data)
-        self.fs.move(tmp, path)  # rename(2): atomic replace on POSIX
+        try:
+            self.fs.move(tmp, path)  # rename(2) on POSIX: an atomic replace
+            return
+        except OSError:
+            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                self._delete_quietly(tmp)
+                raise
+        aside = posixpath.join(parent, f"{REPLACED_PREFIX}{name}-{uuid.uuid4().hex}")
+        self.fs.move(path, aside)
+        self.fs.move(tmp, path)
+
+    def replaced_versions_of(self, rel: str) -> list[str]:
+        """Store-relative paths of the files `publish` moved aside from `rel` (in no useful order)."""
+        parent, name = posixpath.split(rel)
+        prefix = f"{REPLACED_PREFIX}{name}-"
+        return [f.path for f in self.list_files(parent) if posixpath.basename(f.path).startswith(prefix)]
 
     def create_parent(self, rel: str) -> None:
         self.fs.create_dir(posixpath.dirname(self._abs(rel)), recursive=True)
@@ -110,8 +169,11 @@ class RemoteStore:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
 
     def list_files(self, rel_dir: str) -> list[RemoteFile]:
-        """All files below `rel_dir`, recursively; empty when the directory does not exist."""
+        """All files below `rel_dir`, recursively; empty when the directory does not exist. On the
+        local filesystem symbolic links are neither listed nor followed."""
         base = self._abs(rel_dir)
+        if self.is_local:
+            return self._list_local(base)
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         out = []
         for info in infos:
@@ -122,19 +184,92 @@ class RemoteStore:
             out.append(RemoteFile(rel, info.size or 0, mtime))
         return out
 
+    def _list_local(self, base: str) -> list[RemoteFile]:
+        out: list[RemoteFile] = []
+        stack = [base]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    out.append(RemoteFile(posixpath.relpath(e.path, self.root), st.st_size, st.st_mtime))
+        return out
+
+    def list_dirs(self, rel_dir: str) -> list[RemoteFile]:
+        """The directories directly below `rel_dir` (size 0), with their modification times."""
+        base = self._abs(rel_dir)
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
+        out = []
+        for info in infos:
+            if info.type != pafs.FileType.Directory:
+                continue
+            if self.is_local and os.path.islink(info.path):
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            out.append(RemoteFile(posixpath.relpath(info.path, self.root), 0, mtime))
+        return out
+
+    def _inside_store(self, path: str) -> bool:
+        """Local filesystem: does `path` really lie inside the store (no symlinked parent)?"""
+        root = os.path.realpath(self.root)
+        parent = os.path.realpath(os.path.dirname(path))
+        return parent == root or parent.startswith(root + os.sep)
+
     def delete(self, rel: str) -> None:
+        path = self._abs(rel)
+        if self.is_local and not self._inside_store(path):
+            raise InvalidPathError(
+                f"refusing to delete {rel!r}: its directory resolves outside the store (a symbolic link?)",
+                store=self.uri,
+                file=rel,
+            )
+        self._delete_quietly(path)
+
+    def _delete_quietly(self, path: str) -> None:
         try:
-            self.fs.delete_file(self._abs(rel))
+            self.fs.delete_file(path)
         except FileNotFoundError:
             pass
 
-    def delete_empty_dirs(self, rel_dir: str) -> None:
-        """Removes empty directories below `rel_dir` (left behind by deleted version files)."""
-        base = self._abs(rel_dir)
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        dirs = sorted((i.path for i in infos if i.type == pafs.FileType.Directory), key=len, reverse=True)
-        for d in dirs:
-            rel = posixpath.relpath(d, self.root)
-            validate_relative_path(rel, store=self.uri)
-            if not self.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
-                self.fs.delete_dir(d)
+    def remove_dir_if_empty(self, rel_dir: str) -> bool:
+        """Removes an empty directory. On the local filesystem this is rmdir(2), which refuses a
+        directory that is not empty, so a file written meanwhile is never lost. Elsewhere the caller
+        must know that nobody writes there any more (see retention: only directories of attempts
+        that hold no lease and are older than the grace period)."""
+        path = self._abs(rel_dir)
+        if self.is_local:
+            if not self._inside_store(path) or os.path.islink(path):
+                return False
+            try:
+                os.rmdir(path)
+                return True
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.ENOTDIR):
+                    return False
+                raise
+        if self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+            return False
+        self.fs.delete_dir(path)
+        return True
+
+
+def describe_foreign_layout(remote: RemoteStore) -> str | None:
+    """If the store directory holds another provider's files, says which; else None."""
+    try:
+        infos = remote.fs.get_file_info(pafs.FileSelector(remote.root, allow_not_found=True))
+    except OSError:
+        return None
+    names = sorted(posixpath.basename(i.path) for i in infos)
+    spark_hdfs = [n for n in names if re.fullmatch(r"\d+\.(delta|snapshot)", n)]
+    spark_rocksdb = [n for n in names if re.fullmatch(r"\d+(_[0-9a-f-]+)?\.(zip|changelog)", n) or n == "SSTs"]
+    if spark_rocksdb:
+        return f"Spark's RocksDBStateStoreProvider (found {', '.join(spark_rocksdb[:3])})"
+    if spark_hdfs:
+        return f"Spark's HDFSBackedStateStoreProvider (found {', '.join(spark_hdfs[:3])})"
+    return None

@@ -6,14 +6,17 @@ in the middle of deleting loses nothing: the next run recomputes the same plan f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .leases import LEASE_DIR, attempt_token_of, live_attempts
 from .manifest import MANIFEST_DIR, version_of_manifest
 from .registry import SharedStateRegistry
-from .remote import RemoteFile
+from .remote import REPLACED_PREFIX, RemoteFile
 
 DATA_DIRS = ("shared/", "private/", "changelog/")
+_REPLACED = re.compile(rf"^{re.escape(REPLACED_PREFIX)}(\d+)\.json-[0-9a-f]+$")
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,11 @@ class RetentionPlan:
     delete_manifests: tuple[str, ...]
     delete_files: tuple[str, ...]
     kept_versions: tuple[int, ...]
+    delete_dirs: tuple[str, ...] = ()  # attempt directories to remove once empty
 
     @property
     def empty(self) -> bool:
-        return not self.delete_manifests and not self.delete_files
+        return not self.delete_manifests and not self.delete_files and not self.delete_dirs
 
 
 def lowest_retained_version(versions: Iterable[int], min_versions_to_retain: int) -> int | None:
@@ -36,6 +40,12 @@ def lowest_retained_version(versions: Iterable[int], min_versions_to_retain: int
     return max(vs) - max(min_versions_to_retain, 0)
 
 
+def version_of_replaced_manifest(path: str) -> int | None:
+    """The version of a manifest that `RemoteStore.publish` set aside, or None."""
+    m = _REPLACED.match(path.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
 def plan_retention(
     listing: Iterable[RemoteFile],
     referenced_by_version: Mapping[int, Iterable[str] | None],
@@ -43,6 +53,7 @@ def plan_retention(
     min_versions_to_retain: int,
     now: float,
     orphan_grace_seconds: float,
+    dirs: Iterable[RemoteFile] = (),
 ) -> RetentionPlan:
     """Plans deletions.
 
@@ -50,37 +61,60 @@ def plan_retention(
     to None when its manifest could not be read: then no data file is deleted at all, because what
     that version needs is unknown. Manifests below the lowest retained version go. Data files go
     when the registry rebuilt from the manifests says their last user is older than the lowest
-    retained version, or when no manifest references them and they are older than the grace
-    period (orphans of crashed or in-flight attempts, which another executor may still be writing).
+    retained version, or when no manifest references them, they are older than the grace period
+    and the attempt that wrote them holds no live lease (see leases.py). `dirs` are the attempt
+    directories (`private/<v>-<token>`); those of attempts that published a manifest (they never
+    write again) or that are dead (no live lease, older than the grace) are removed once empty.
     """
     files = list(listing)
+    grace = orphan_grace_seconds
+    live = live_attempts(files, now=now, grace_seconds=grace)
+    published = {attempt_token_of(p) for refs in referenced_by_version.values() for p in refs or ()}
+
+    def expired_orphan(f: RemoteFile) -> bool:
+        return now - f.mtime > grace and attempt_token_of(f.path) not in live
+
+    def finished_dir(d: RemoteFile) -> bool:
+        token = attempt_token_of(d.path + "/")
+        return token not in live and (token in published or now - d.mtime > grace)
+
+    stale_leases = tuple(f.path for f in files if f.path.startswith(LEASE_DIR + "/") and now - f.mtime > grace)
+    dead_dirs = tuple(sorted(d.path for d in dirs if finished_dir(d)))
     lowest = lowest_retained_version(referenced_by_version.keys(), min_versions_to_retain)
     if lowest is None:  # no version committed yet: only orphans of crashed first attempts can go
-        orphans = tuple(sorted(f.path for f in files if now - f.mtime > orphan_grace_seconds))
-        return RetentionPlan(None, (), orphans, ())
+        orphans = tuple(sorted(f.path for f in files if f.path.startswith(DATA_DIRS) and expired_orphan(f)))
+        return RetentionPlan(None, (), orphans + stale_leases, (), dead_dirs)
     kept = sorted(v for v in referenced_by_version if v >= lowest)
+    in_manifest_dir = [f for f in files if f.path.startswith(MANIFEST_DIR + "/")]
     expired_manifests = tuple(
-        sorted(
-            f.path
-            for f in files
-            if f.path.startswith(MANIFEST_DIR + "/") and (v := version_of_manifest(f.path)) is not None and v < lowest
+        sorted(f.path for f in in_manifest_dir if (v := version_of_manifest(f.path)) is not None and v < lowest)
+    )
+    finals = {version_of_manifest(f.path) for f in in_manifest_dir} - {None}
+    stale_manifest_files = tuple(
+        f.path
+        for f in in_manifest_dir
+        if version_of_manifest(f.path) is None
+        and (
+            # a set-aside manifest is a fallback only while its version has no final manifest
+            (rv := version_of_replaced_manifest(f.path)) is not None
+            and (rv < lowest or (rv in finals and now - f.mtime > grace))
+            or rv is None
+            and now - f.mtime > grace  # temporaries of crashed publishes
         )
     )
-    stale_temporaries = tuple(
-        f.path
-        for f in files
-        if f.path.startswith(MANIFEST_DIR + "/")
-        and version_of_manifest(f.path) is None
-        and now - f.mtime > orphan_grace_seconds
-    )
     if any(referenced_by_version[v] is None for v in kept):
-        return RetentionPlan(lowest, expired_manifests, stale_temporaries, tuple(kept))
+        return RetentionPlan(lowest, expired_manifests, stale_manifest_files + stale_leases, tuple(kept))
     registry = SharedStateRegistry.from_manifests({v: refs or () for v, refs in referenced_by_version.items()})
     unused = set(registry.unused_before(lowest))
     doomed = [
         f.path
         for f in files
-        if f.path.startswith(DATA_DIRS)
-        and (f.path in unused or (f.path not in registry and now - f.mtime > orphan_grace_seconds))
+        if f.path.startswith(DATA_DIRS) and (f.path in unused or (f.path not in registry and expired_orphan(f)))
     ]
-    return RetentionPlan(lowest, expired_manifests, tuple(sorted(doomed)) + stale_temporaries, tuple(kept))
+    return RetentionPlan(
+        lowest,
+        expired_manifests,
+        tuple(sorted(doomed)) + stale_manifest_files + stale_leases,
+        tuple(kept),
+        dead_dirs,
+    )

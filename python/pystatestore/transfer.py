@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointDamagedError
 from .manifest import FileRef
-from .remote import RemoteStore
+from .remote import RemoteStore, local_file_in
 
 CHUNK = 4 << 20
+# Called with "upload:file" / "download:file" after each file; tests raise from it to crash mid-transfer.
+TransferHook = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -37,37 +41,69 @@ def upload_file(remote: RemoteStore, local: Path, rel: str) -> FileRef:
     return FileRef(rel, size, _crc_text(crc))
 
 
-def download_file(remote: RemoteStore, ref: FileRef, local: Path, *, version: int | None) -> int:
-    """Copies `ref` to `local` and verifies size and checksum; a mismatch names store, version, file."""
+def download_file(remote: RemoteStore, ref: FileRef, local_dir: Path, name: str, *, version: int | None) -> int:
+    """Copies `ref` to `local_dir/name` and verifies size and checksum; a mismatch names store, version
+    and file. The bytes land in a temporary file first, so a failure leaves nothing under `name` and
+    deletes only what this call wrote."""
+    final = local_file_in(local_dir, name, store=remote.uri, version=version)
+    tmp = os.path.join(local_dir, f".download-{uuid.uuid4().hex}")
     crc, size = 0, 0
-    with remote.open_input(ref.path, version=version) as src, open(local, "wb") as out:
-        while chunk := src.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-            out.write(chunk)
-    if size != ref.size or _crc_text(crc) != ref.checksum:
-        os.remove(local)
-        raise CheckpointDamagedError(
-            f"downloaded {size} bytes with {_crc_text(crc)}, the manifest says {ref.size} bytes with {ref.checksum}",
-            store=remote.uri,
-            version=version,
-            file=ref.path,
-        )
+    try:
+        with remote.open_input(ref.path, version=version) as src, open(tmp, "xb") as out:
+            while chunk := src.read(CHUNK):
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
+                out.write(chunk)
+        if size != ref.size or _crc_text(crc) != ref.checksum:
+            raise CheckpointDamagedError(
+                f"downloaded {size} bytes with {_crc_text(crc)}, "
+                f"the manifest says {ref.size} bytes with {ref.checksum}",
+                store=remote.uri,
+                version=version,
+                file=ref.path,
+            )
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return size
 
 
-def upload_all(remote: RemoteStore, items: list[tuple[Path, str]], threads: int) -> list[FileRef]:
+def upload_all(
+    remote: RemoteStore, items: list[tuple[Path, str]], threads: int, *, hook: TransferHook | None = None
+) -> list[FileRef]:
     if not items:
         return []
+
+    def one(item: tuple[Path, str]) -> FileRef:
+        ref = upload_file(remote, item[0], item[1])
+        if hook is not None:
+            hook("upload:file")
+        return ref
+
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items)))) as pool:
-        return list(pool.map(lambda item: upload_file(remote, item[0], item[1]), items))
+        return list(pool.map(one, items))
 
 
 def download_all(
-    remote: RemoteStore, items: list[tuple[FileRef, Path]], threads: int, *, version: int
+    remote: RemoteStore,
+    items: list[tuple[FileRef, str]],
+    local_dir: Path,
+    threads: int,
+    *,
+    version: int,
+    hook: TransferHook | None = None,
 ) -> TransferStats:
+    """Downloads each (ref, logical name) into `local_dir`."""
     if not items:
         return TransferStats(0, 0)
+
+    def one(item: tuple[FileRef, str]) -> int:
+        size = download_file(remote, item[0], local_dir, item[1], version=version)
+        if hook is not None:
+            hook("download:file")
+        return size
+
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items)))) as pool:
-        sizes = list(pool.map(lambda item: download_file(remote, item[0], item[1], version=version), items))
+        sizes = list(pool.map(one, items))
     return TransferStats(len(sizes), sum(sizes))

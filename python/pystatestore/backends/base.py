@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import abc
+import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from ..errors import CheckpointDamagedError, CheckpointMissingError
+from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
+from ..leases import LEASE_DIR, Clock, CommitLease, validate_grace
 from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
-from ..remote import RemoteStore
-from ..retention import RetentionPlan, plan_retention
+from ..remote import RemoteStore, describe_foreign_layout
+from ..retention import RetentionPlan, plan_retention, version_of_replaced_manifest
+
+log = logging.getLogger("pystatestore.backends")
+BACKEND_CONF = "spark.sql.streaming.stateStore.pystatestore.backend"
 
 # Called at named points of commits and garbage collection; the model-based tests raise from it
 # to simulate a worker dying between any two steps.
@@ -52,6 +58,7 @@ class LoadResult:
     bytes_read: int  # from checkpoint storage; 0 when served from memory or a local copy
     source: str  # "memory", "remote", "local-copy" or "local-copy+remote"
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
+    manifest_id: str = ""  # which attempt's manifest this is ("" for version 0)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class CommitResult:
     files_written: int
     manifest: str
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
+    manifest_id: str = ""
 
 
 class StateBackend(abc.ABC):
@@ -71,27 +79,72 @@ class StateBackend(abc.ABC):
     name: str
 
     def __init__(self, ctx: StoreContext, remote: RemoteStore) -> None:
+        validate_grace(ctx.orphan_grace_seconds, store=ctx.store_dir)
         self.ctx = ctx
         self.remote = remote
         self.fault_hook: FaultHook | None = None
+        # Wall clock for leases and GC; the model-based test moves it forward to simulate time passing.
+        self.clock: Clock = time.time
 
     def _fault_point(self, name: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(name)
 
+    def commit_attempt(self, version: int) -> CommitLease:
+        """The lease of a new commit attempt at `version`; its token goes into every file name it writes."""
+        return CommitLease(
+            self.remote, uuid.uuid4().hex, version, grace_seconds=self.ctx.orphan_grace_seconds, clock=self.clock
+        )
+
     @abc.abstractmethod
     def load(self, version: int) -> LoadResult: ...
 
     @abc.abstractmethod
-    def commit(self, base_version: int, changes: pa.Table, attempt_id: str) -> CommitResult: ...
+    def commit(
+        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+    ) -> CommitResult:
+        """Makes `base_version + 1` durable. `base_manifest_id`, when given, is the attempt at the
+        base version the caller computed the changes on; a commit on a base another attempt has
+        since replaced raises BaseVersionReplacedError."""
+
+    def check_base(self, version: int, actual: str, expected: str | None) -> None:
+        if expected is not None and expected != actual:
+            raise BaseVersionReplacedError(
+                f"this commit was computed on attempt {expected or '(empty)'} of version {version}, but the "
+                f"checkpoint now holds attempt {actual or '(empty)'}",
+                store=self.ctx.store_dir,
+                version=version,
+                file=manifest_path(version),
+            )
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stateless backends
         """Drops in-memory state; files stay."""
 
     # -- manifests -------------------------------------------------------------------------
     def read_manifest(self, version: int) -> Manifest:
+        """The manifest of `version`, checked to belong to this store and this backend."""
+        m = self.read_any_manifest(version)
+        self._check_identity(m, manifest_path(version))
+        return m
+
+    def read_any_manifest(self, version: int) -> Manifest:
+        """The manifest of `version` as stored, whichever backend wrote it (validated, not yet matched)."""
         rel = manifest_path(version)
         if not self.remote.exists(rel):
+            aside = self._newest_replaced(version)
+            if aside is not None:
+                return aside
+            foreign = describe_foreign_layout(self.remote)
+            if foreign is not None:
+                raise CheckpointMissingError(
+                    f"this store directory holds state written by {foreign}, not by pystatestore",
+                    store=self.ctx.store_dir,
+                    version=version,
+                    file=rel,
+                    advice="pystatestore cannot read another provider's files. Keep the provider the checkpoint "
+                    "was created with (spark.sql.streaming.stateStore.providerClass), or start the query "
+                    "from a new checkpoint location.",
+                )
             raise CheckpointMissingError(
                 "this version was never committed or has been removed by retention",
                 store=self.ctx.store_dir,
@@ -102,6 +155,44 @@ class StateBackend(abc.ABC):
             )
         data = self.remote.read_bytes(rel, version=version)
         return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+
+    def _newest_replaced(self, version: int) -> Manifest | None:
+        """A manifest `RemoteStore.publish` set aside and whose replacement never landed (a crash
+        between its two renames): still a committed state of the version."""
+        found = []
+        for rel in self.remote.replaced_versions_of(manifest_path(version)):
+            data = self.remote.read_bytes(rel, version=version)
+            found.append(Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel))
+        return max(found, key=lambda m: m.created_at) if found else None
+
+    def _check_identity(self, m: Manifest, rel: str) -> None:
+        """Refuses a manifest of another backend or another store: reading it would mean carrying on
+        with the wrong (usually empty) state."""
+        if m.backend != self.name:
+            raise StoreConfigError(
+                f"version {m.version} of this store was written by the '{m.backend}' backend, but this query "
+                f"runs the '{self.name}' backend, which cannot read its files",
+                store=self.ctx.store_dir,
+                version=m.version,
+                file=rel,
+                advice=f"Set {BACKEND_CONF}={m.backend} to keep using this checkpoint, or start the query from "
+                f"a new checkpoint location to switch to '{self.name}'. Nothing was read or changed.",
+            )
+        mine = self.ctx.identity
+        theirs = {k: m.store.get(k) for k in ("operatorId", "partitionId", "storeName")}
+        if theirs != {k: mine[k] for k in theirs}:
+            raise CheckpointDamagedError(
+                f"the manifest describes operator {theirs['operatorId']}, partition {theirs['partitionId']}, "
+                f"store '{theirs['storeName']}', not this store (operator {mine['operatorId']}, partition "
+                f"{mine['partitionId']}, store '{mine['storeName']}')",
+                store=self.ctx.store_dir,
+                version=m.version,
+                file=rel,
+                advice="Files were copied between store directories or tampered with; nothing was read or "
+                "deleted. Restore the store directory from a backup or start from a new checkpoint location.",
+            )
+        if m.store.get("dir") != self.ctx.store_dir:
+            log.debug("store %s: version %d was written at %s (checkpoint moved)", mine, m.version, m.store.get("dir"))
 
     def new_manifest(
         self,
@@ -129,36 +220,40 @@ class StateBackend(abc.ABC):
     # -- retention (DESIGN §4) -------------------------------------------------------------
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
         """Deletes what no retained version needs. Manifests go first, so a crash part-way leaves
-        only unreferenced files, which the next run (recomputing the same plan) removes."""
-        now = time.time() if now is None else now
+        only unreferenced files, which the next run (recomputing the same plan) removes. `now` is
+        taken before anything is listed, so a lease renewed during the listing is seen as live."""
+        now = self.clock() if now is None else now
         manifests = self.remote.list_files(MANIFEST_DIR)
+        leases = self.remote.list_files(LEASE_DIR)
         data_files = [f for d in ("private", "shared", "changelog") for f in self.remote.list_files(d)]
+        attempt_dirs = self.remote.list_dirs("private")
+        versions = {version_of_manifest(f.path) for f in manifests} | {
+            version_of_replaced_manifest(f.path) for f in manifests
+        }
         refs: dict[int, list[str] | None] = {}
-        for f in manifests:
-            v = version_of_manifest(f.path)
-            if v is None:
-                continue
+        for v in sorted(versions - {None}):
             try:
-                refs[v] = [r.path for r in self.read_manifest(v).files()]
+                refs[v] = [r.path for r in self.read_any_manifest(v).files()]
             except (CheckpointDamagedError, CheckpointMissingError):
                 refs[v] = None  # unknown needs: keep every data file
         plan = plan_retention(
-            manifests + data_files,
+            manifests + leases + data_files,
             refs,
             min_versions_to_retain=self.ctx.min_versions_to_retain,
             now=now,
             orphan_grace_seconds=self.ctx.orphan_grace_seconds,
+            dirs=attempt_dirs,
         )
         for rel in plan.delete_manifests + plan.delete_files:
             self.remote.delete(rel)
             self._fault_point("gc:deleted")
-        if plan.delete_files:
-            self.remote.delete_empty_dirs("private")
+        removed_dirs = sum(self.remote.remove_dir_if_empty(d) for d in plan.delete_dirs)
         self._after_retention(plan)
         return {
             "lowestRetained": plan.lowest_retained,
             "deletedManifests": len(plan.delete_manifests),
             "deletedFiles": len(plan.delete_files),
+            "deletedDirs": removed_dirs,
             "keptVersions": len(plan.kept_versions),
         }
 

@@ -7,7 +7,6 @@ makes commits incremental.
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -28,7 +27,8 @@ class MemoryBackend(StateBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._versions: OrderedDict[int, dict[bytes, bytes]] = OrderedDict()
+        # version -> (pairs, manifest id of the attempt they came from)
+        self._versions: OrderedDict[int, tuple[dict[bytes, bytes], str]] = OrderedDict()
 
     # -- reading -----------------------------------------------------------------------------
     def _read_verified(self, version: int, ref_name: str, manifest: Manifest) -> pa.Buffer:
@@ -55,14 +55,17 @@ class MemoryBackend(StateBackend):
             )
         return data
 
-    def _state(self, version: int) -> tuple[dict[bytes, bytes], int]:
-        """The version's pairs and the bytes read from storage to get them."""
+    def _state(self, version: int, *, current: bool = False) -> tuple[dict[bytes, bytes], int, str]:
+        """The version's pairs, the bytes read from storage to get them, and its manifest id. With
+        `current`, a cached version is used only if it is still the attempt the checkpoint holds."""
         if version == 0:
-            return {}, 0
-        if version in self._versions:
+            return {}, 0, ""
+        cached = self._versions.get(version)
+        manifest = self.read_manifest(version) if current or cached is None else None
+        if cached is not None and (manifest is None or cached[1] == manifest.manifest_id):
             self._versions.move_to_end(version)
-            return self._versions[version], 0
-        manifest = self.read_manifest(version)
+            return cached[0], 0, cached[1]
+        assert manifest is not None
         data = self._read_verified(version, SNAPSHOT_FILE, manifest)
         try:
             state = frames.buffer_to_state(data)
@@ -73,33 +76,43 @@ class MemoryBackend(StateBackend):
                 version=version,
                 file=manifest.private[SNAPSHOT_FILE].path,
             ) from None
-        self._remember(version, state)
-        return state, data.size
+        self._remember(version, state, manifest.manifest_id)
+        return state, data.size, manifest.manifest_id
 
-    def _remember(self, version: int, state: dict[bytes, bytes]) -> None:
-        self._versions[version] = state
+    def _remember(self, version: int, state: dict[bytes, bytes], manifest_id: str) -> None:
+        self._versions[version] = (state, manifest_id)
         self._versions.move_to_end(version)
         while len(self._versions) > self.versions_in_memory:
             self._versions.popitem(last=False)
 
     def load(self, version: int) -> LoadResult:
-        state, read = self._state(version)
-        return LoadResult(frames.state_to_buffer(state), len(state), read, "remote" if read else "memory")
+        state, read, manifest_id = self._state(version, current=True)
+        return LoadResult(
+            frames.state_to_buffer(state), len(state), read, "remote" if read else "memory", manifest_id=manifest_id
+        )
 
     # -- writing -----------------------------------------------------------------------------
-    def commit(self, base_version: int, changes: pa.Table, attempt_id: str) -> CommitResult:
+    def commit(
+        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+    ) -> CommitResult:
         version = base_version + 1
-        base, _ = self._state(base_version)
+        base, _, base_id = self._state(base_version, current=True)
+        self.check_base(base_version, base_id, base_manifest_id)
         state = dict(base)  # the base stays intact for retries of this version
         frames.apply_changes(state, changes)
         snapshot = frames.state_to_buffer(state)
-        rel = f"private/{version}-{uuid.uuid4().hex}/{SNAPSHOT_FILE}"
-        self.remote.write_bytes(rel, snapshot)
-        manifest = self.new_manifest(version, len(state), attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
-        body = manifest.to_json()
-        self.remote.write_atomic(manifest_path(version), body)  # the commit point
-        self._remember(version, state)
-        return CommitResult(version, len(state), snapshot.size + len(body), 2, manifest_path(version))
+        with self.commit_attempt(version) as lease:
+            rel = f"private/{version}-{lease.token}/{SNAPSHOT_FILE}"
+            self.remote.write_bytes(rel, snapshot)
+            self._fault_point("commit:uploaded")
+            manifest = self.new_manifest(version, len(state), attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
+            body = manifest.to_json()
+            lease.check_before_publish()
+            self.remote.publish(manifest_path(version), body)  # the commit point
+        self._remember(version, state, manifest.manifest_id)
+        return CommitResult(
+            version, len(state), snapshot.size + len(body), 2, manifest_path(version), manifest_id=manifest.manifest_id
+        )
 
     def _after_retention(self, plan: RetentionPlan) -> None:
         for v in [v for v in self._versions if plan.lowest_retained is not None and v < plan.lowest_retained]:

@@ -25,10 +25,11 @@ import pyarrow as pa
 import rocksdict
 
 from .. import frames
+from ..errors import CheckpointDamagedError
 from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
 from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path
-from ..remote import RemoteStore
-from ..transfer import download_all, upload_all
+from ..remote import RemoteStore, local_file_in
+from ..transfer import TransferStats, download_all, upload_all
 from .base import CommitResult, LoadResult, StateBackend
 
 DEFAULT_TRANSFER_THREADS = 4
@@ -81,6 +82,7 @@ class RocksDBBackend(StateBackend):
                 Path(opts.get("localRecoveryDir") or default_root()),
                 self.ctx.store_dir,
                 int(opts.get("localRecoveryVersions", DEFAULT_VERSIONS_KEPT)),
+                hook=self._fault_point,
             )
         self._db: rocksdict.Rdict | None = None
         self._db_dir: Path | None = None
@@ -89,9 +91,9 @@ class RocksDBBackend(StateBackend):
         self._db_num_keys = 0
 
     # -- local DB --------------------------------------------------------------------------
-    def _options(self) -> rocksdict.Options:
+    def _options(self, *, create: bool) -> rocksdict.Options:
         opts = rocksdict.Options(raw_mode=True)
-        opts.create_if_missing(True)
+        opts.create_if_missing(create)
         opts.set_level_zero_file_num_compaction_trigger(self.l0_trigger)
         opts.set_level_zero_slowdown_writes_trigger(max(20, self.l0_trigger * 3))
         opts.set_level_zero_stop_writes_trigger(max(36, self.l0_trigger * 5))
@@ -102,8 +104,26 @@ class RocksDBBackend(StateBackend):
         return opts
 
     def _open(self, db_dir: Path, version: int, manifest: Manifest | None) -> None:
+        """Opens `db_dir` as the local DB of `version`. Only version 0 may start empty: a DB restored
+        from a manifest must exist, and must hold keys when the manifest says it does."""
         self._drop_db()
-        db = rocksdict.Rdict(str(db_dir), self._options())
+        try:
+            db = rocksdict.Rdict(str(db_dir), self._options(create=manifest is None))
+        except Exception as e:  # noqa: BLE001 - rocksdict raises a bare Exception for RocksDB errors
+            raise CheckpointDamagedError(
+                f"the restored files do not open as a RocksDB database ({e})",
+                store=self.ctx.store_dir,
+                version=version,
+                file=manifest_path(version),
+            ) from None
+        if manifest is not None and manifest.num_keys > 0 and next(iter(db.keys()), None) is None:
+            db.close()
+            raise CheckpointDamagedError(
+                f"the manifest says the version holds {manifest.num_keys} keys, but its restored database is empty",
+                store=self.ctx.store_dir,
+                version=version,
+                file=manifest_path(version),
+            )
         write_opts = rocksdict.WriteOptions()
         write_opts.disable_wal = True  # every commit flushes; uncommitted writes need no log
         db.set_write_options(write_opts)
@@ -135,19 +155,12 @@ class RocksDBBackend(StateBackend):
             return manifest, {}
         started = time.perf_counter()
         db_dir = self._fresh_dir(f"db-{version}")
-        local_files, local_bytes = 0, 0
-        missing: list[tuple[FileRef, Path]] = []
-        if self.local_copies is not None:
-            self.local_copies.drop_superseded(version, manifest.manifest_id)
-        for name, ref in {**manifest.shared, **manifest.private}.items():
-            found = self.local_copies.find(name, ref, version=version) if self.local_copies else None
-            if found is None:
-                missing.append((ref, db_dir / name))
-                continue
-            _link_or_copy(found, db_dir / name, link=name.endswith(".sst"))
-            local_files, local_bytes = local_files + 1, local_bytes + ref.size
-        stats = download_all(self.remote, missing, self.threads, version=version)
-        self._open(db_dir, version, manifest)
+        try:
+            local_files, local_bytes, stats = self._restore_files(manifest, db_dir)
+            self._open(db_dir, version, manifest)
+        except BaseException:
+            shutil.rmtree(db_dir, ignore_errors=True)  # a failed restore leaves nothing behind
+            raise
         return manifest, {
             "restoreLocalFiles": local_files,
             "restoreLocalBytes": local_bytes,
@@ -155,6 +168,30 @@ class RocksDBBackend(StateBackend):
             "restoreRemoteBytes": stats.bytes,
             "restoreMs": _ms(started),
         }
+
+    def _restore_files(self, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
+        """Puts every file of `manifest` into `db_dir`: from local copies when they match, else
+        downloaded. Every logical name is checked to be a plain file name before it is used."""
+        version = manifest.version
+        local_files, local_bytes = 0, 0
+        missing: list[tuple[FileRef, str]] = []
+        if self.local_copies is not None:
+            self.local_copies.drop_superseded(version, manifest.manifest_id)
+        for name, ref in {**manifest.shared, **manifest.private}.items():
+            target = Path(local_file_in(db_dir, name, store=self.ctx.store_dir, version=version))
+            found = (
+                self.local_copies.find(name, ref, version=version, manifest_id=manifest.manifest_id)
+                if self.local_copies
+                else None
+            )
+            if found is None:
+                missing.append((ref, name))
+                continue
+            _link_or_copy(found, target, link=name.endswith(".sst"))
+            local_files, local_bytes = local_files + 1, local_bytes + ref.size
+            self._fault_point("restore:file")
+        stats = download_all(self.remote, missing, db_dir, self.threads, version=version, hook=self._fault_point)
+        return local_files, local_bytes, stats
 
     # -- reading ---------------------------------------------------------------------------
     def load(self, version: int) -> LoadResult:
@@ -177,12 +214,22 @@ class RocksDBBackend(StateBackend):
             source = "local-copy"
         else:
             source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
-        return LoadResult(sink.getvalue(), self._db_num_keys, cost.get("restoreRemoteBytes", 0), source, cost)
+        return LoadResult(
+            sink.getvalue(),
+            self._db_num_keys,
+            cost.get("restoreRemoteBytes", 0),
+            source,
+            cost,
+            manifest_id=self._db_manifest_id or "",
+        )
 
     # -- writing ---------------------------------------------------------------------------
-    def commit(self, base_version: int, changes: pa.Table, attempt_id: str) -> CommitResult:
+    def commit(
+        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+    ) -> CommitResult:
         version = base_version + 1
         base, load_cost = self._ensure_at(base_version)
+        self.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
         db = self._db
         assert db is not None
         # From here on the local DB no longer equals any manifest until this commit succeeds.
@@ -218,19 +265,30 @@ class RocksDBBackend(StateBackend):
         metrics["checkpointMs"] = _ms(t)
         self._fault_point("commit:checkpointed")
         try:
-            t = time.perf_counter()
-            shared, private, to_upload = self._plan_files(checkpoint_dir, base, version)
-            uploaded = upload_all(self.remote, [(checkpoint_dir / name, rel) for name, rel in to_upload], self.threads)
-            for (name, _), ref in zip(to_upload, uploaded, strict=True):
-                (shared if ref.path.startswith("shared/") else private)[name] = ref
-            metrics["uploadMs"] = _ms(t)
-            self._fault_point("commit:uploaded")
+            with self.commit_attempt(version) as lease:
+                t = time.perf_counter()
+                shared, private, to_upload = self._plan_files(checkpoint_dir, base, version, lease.token)
+                try:
+                    uploaded = upload_all(
+                        self.remote,
+                        [(checkpoint_dir / name, rel) for name, rel in to_upload],
+                        self.threads,
+                        hook=self._fault_point,
+                    )
+                except OSError:
+                    lease.check_before_publish()  # a stalled attempt's files may be gone: say so
+                    raise
+                for (name, _), ref in zip(to_upload, uploaded, strict=True):
+                    (shared if ref.path.startswith("shared/") else private)[name] = ref
+                metrics["uploadMs"] = _ms(t)
+                self._fault_point("commit:uploaded")
 
-            t = time.perf_counter()
-            manifest = self.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
-            body = manifest.to_json()
-            self.remote.write_atomic(manifest_path(version), body)  # the commit point
-            metrics["manifestMs"] = _ms(t)
+                t = time.perf_counter()
+                manifest = self.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
+                body = manifest.to_json()
+                lease.check_before_publish()
+                self.remote.publish(manifest_path(version), body)  # the commit point
+                metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
             kept = self.local_copies is not None and self.local_copies.save(
                 version, manifest.manifest_id, checkpoint_dir
@@ -246,17 +304,24 @@ class RocksDBBackend(StateBackend):
             bytesUploaded=bytes_uploaded,
         )
         return CommitResult(
-            version, num_keys, bytes_uploaded + len(body), len(uploaded) + 1, manifest_path(version), metrics
+            version,
+            num_keys,
+            bytes_uploaded + len(body),
+            len(uploaded) + 1,
+            manifest_path(version),
+            metrics,
+            manifest_id=manifest.manifest_id,
         )
 
     def _plan_files(
-        self, checkpoint_dir: Path, base: Manifest | None, version: int
+        self, checkpoint_dir: Path, base: Manifest | None, version: int, token: str
     ) -> tuple[dict[str, FileRef], dict[str, FileRef], list[tuple[str, str]]]:
-        """Splits the checkpoint into reused SSTs (placeholders) and files to upload."""
+        """Splits the checkpoint into reused SSTs (placeholders) and files to upload. New files carry
+        the attempt's token in their path (see leases.py)."""
         shared: dict[str, FileRef] = {}
         private: dict[str, FileRef] = {}
         to_upload: list[tuple[str, str]] = []
-        private_dir = f"private/{version}-{uuid.uuid4().hex}"
+        private_dir = f"private/{version}-{token}"
         for name in sorted(os.listdir(checkpoint_dir)):
             size = (checkpoint_dir / name).stat().st_size
             if name.endswith(".sst"):
@@ -264,7 +329,7 @@ class RocksDBBackend(StateBackend):
                 if previous is not None and previous.size == size:
                     shared[name] = previous  # uploaded by an earlier version, listed by the confirmed base
                 else:
-                    to_upload.append((name, f"shared/{uuid.uuid4().hex}.sst"))
+                    to_upload.append((name, f"shared/{token}-{name}"))
             else:
                 to_upload.append((name, f"{private_dir}/{name}"))
         return shared, private, to_upload

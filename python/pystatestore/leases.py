@@ -1,0 +1,152 @@
+"""Commit leases: what keeps garbage collection from deleting the files of a commit still in flight.
+
+Files that no manifest references are orphans; GC deletes them once they are older than the grace
+period. A commit whose uploads outlast the grace would lose its early files to another instance's GC,
+so every commit attempt is protected by a lease:
+
+- Every file an attempt writes carries the attempt's token in its path (`private/<v>-<token>/...`,
+  `shared/<token>-<name>`), so GC can tell whose it is.
+- An attempt that runs longer than a quarter of the grace writes `leases/<token>` and rewrites it
+  every quarter of the grace while it runs. GC keeps every file of an attempt whose lease was
+  written within the grace period.
+- Before it publishes its manifest, the attempt checks that it never went half a grace period without
+  renewing (measured on its own clock from its start): an attempt that was frozen (GC pause, stopped
+  process, stalled storage) may have lost files, so it fails instead of publishing and Spark retries.
+
+The token functions here are pure, so retention stays a pure function of a listing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from .errors import StateStoreError, StoreConfigError
+from .remote import RemoteFile, RemoteStore
+
+LEASE_DIR = "leases"
+MIN_GRACE_SECONDS = 10.0
+_TOKEN = r"[0-9a-f]{32}"
+_PRIVATE = re.compile(rf"^(?:private|changelog)/\d+-({_TOKEN})(?:[/.]|$)")
+_SHARED = re.compile(rf"^shared/({_TOKEN})(?:[-.]|$)")
+_LEASE = re.compile(rf"^{LEASE_DIR}/({_TOKEN})$")
+log = logging.getLogger("pystatestore.leases")
+
+Clock = Callable[[], float]
+
+
+class LeaseLostError(StateStoreError):
+    """The attempt went too long without renewing its lease; its files may have been collected."""
+
+    advice = (
+        "Nothing was published for this attempt; Spark retries the task. If this repeats, the commit "
+        "is stalling (storage or GC pauses): raise spark.sql.streaming.stateStore.pystatestore."
+        "orphanGraceSeconds."
+    )
+
+
+def attempt_token_of(path: str) -> str | None:
+    """The token of the attempt that wrote a store-relative data or lease path, if it has one."""
+    for pattern in (_PRIVATE, _SHARED, _LEASE):
+        m = pattern.match(path)
+        if m:
+            return m.group(1)
+    return None
+
+
+def live_attempts(listing: Iterable[RemoteFile], *, now: float, grace_seconds: float) -> frozenset[str]:
+    """Tokens of attempts whose lease was written within the grace period."""
+    return frozenset(
+        token
+        for f in listing
+        if f.path.startswith(LEASE_DIR + "/")
+        and (token := attempt_token_of(f.path)) is not None
+        and now - f.mtime <= grace_seconds
+    )
+
+
+def validate_grace(value: str | float, *, store: str) -> float:
+    """The orphan grace period in seconds; refuses values that would let GC outrun commits."""
+    try:
+        grace = float(value)
+    except (TypeError, ValueError):
+        raise StoreConfigError(f"orphanGraceSeconds={value!r} is not a number", store=store) from None
+    if not grace == grace or grace in (float("inf"), float("-inf")) or grace < MIN_GRACE_SECONDS:
+        raise StoreConfigError(
+            f"orphanGraceSeconds={value!r} is out of range: it must be at least {MIN_GRACE_SECONDS:g} seconds "
+            "(files of commits in flight on other executors are protected for that long between lease renewals)",
+            store=store,
+        )
+    return grace
+
+
+class CommitLease:
+    """The lease of one commit attempt. Use as a context manager around everything it writes."""
+
+    def __init__(
+        self, remote: RemoteStore, token: str, version: int, *, grace_seconds: float, clock: Clock = time.time
+    ) -> None:
+        self.remote = remote
+        self.token = token
+        self.version = version
+        self.grace = grace_seconds
+        self.clock = clock
+        self.path = f"{LEASE_DIR}/{token}"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._last_renewal = 0.0
+        self._longest_gap = 0.0
+        self._written = False
+
+    def __enter__(self) -> CommitLease:
+        self._started = self._last_renewal = self.clock()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.token[:8]}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._written:
+            try:
+                self.remote.delete(self.path)
+            except OSError as e:  # GC removes expired leases; this is only tidiness
+                log.debug("could not remove lease %s of %s: %s", self.path, self.remote.uri, e)
+
+    def _renew_loop(self) -> None:
+        interval = self.grace / 4
+        while not self._stop.wait(interval):
+            self.renew()
+
+    def renew(self) -> None:
+        body = json.dumps({"version": self.version, "token": self.token, "at": self.clock()}).encode()
+        try:
+            self.remote.write_bytes(self.path, body)
+        except OSError as e:
+            log.warning("could not renew lease %s of %s: %s", self.path, self.remote.uri, e)
+            return
+        with self._lock:
+            now = self.clock()
+            self._longest_gap = max(self._longest_gap, now - self._last_renewal)
+            self._last_renewal = now
+            self._written = True
+
+    def check_before_publish(self) -> None:
+        """Raises LeaseLostError unless the attempt was never half a grace period without renewal."""
+        with self._lock:
+            gap = max(self._longest_gap, self.clock() - self._last_renewal)
+        if gap >= self.grace / 2:
+            raise LeaseLostError(
+                f"this commit went {gap:.1f} s without renewing its lease (limit {self.grace / 2:.1f} s); "
+                "another instance's garbage collection may have removed its files",
+                store=self.remote.uri,
+                version=self.version,
+                file=self.path,
+            )
