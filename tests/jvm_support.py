@@ -49,6 +49,7 @@ def run_spark_submit(
     master: str = "local[2]",
     extra_conf: dict[str, str] | None = None,
     timeout: int = 900,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     cmd = [
         spark_submit(),
@@ -65,5 +66,5 @@ def run_spark_submit(
     ]
     for k, v in (extra_conf or {}).items():
         cmd += ["--conf", f"{k}={v}"]
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    return subprocess.run([*cmd, str(jar), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    full_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **(env or {}))
+    return subprocess.run([*cmd, str(jar), *args], capture_output=True, text=True, timeout=timeout, env=full_env)

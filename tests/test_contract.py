@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,12 +15,31 @@ from jvm_support import ROOT, compile_test_jar, python_path_for_worker, run_spar
 SCENARIOS = re.findall(r'scenario\("([a-z0-9_]+)"\)', (ROOT / "tests" / "jvm" / "ContractSuite.scala").read_text())
 
 
+def foreign_release(root: Path) -> Path:
+    """A copy of the installed package that claims to be release 0.1.0 speaking protocol 1."""
+    src = Path(python_path_for_worker()) / "pystatestore"
+    dst = root / "pystatestore"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "jars"))
+    service = dst / "service.py"
+    service.write_text(re.sub(r"^PROTOCOL_VERSION = \d+$", "PROTOCOL_VERSION = 1", service.read_text(), flags=re.M))
+    init = dst / "__init__.py"
+    init.write_text(re.sub(r'^__version__ = ".*"$', '__version__ = "0.1.0"', init.read_text(), flags=re.M))
+    return root
+
+
 @pytest.fixture(scope="module")
 def contract_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
     work = tmp_path_factory.mktemp("contract")
+    stall = [{"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1}]
     proc = run_spark_submit(
-        "org.pystatestore.tests.ContractSuite", jar, [str(work), sys.executable, python_path_for_worker()]
+        "org.pystatestore.tests.ContractSuite",
+        jar,
+        [str(work), sys.executable, python_path_for_worker()],
+        env={
+            "PYSTATESTORE_TEST_FAULTS": json.dumps(stall),
+            "PYSTATESTORE_TEST_FOREIGN_PYTHONPATH": str(foreign_release(tmp_path_factory.mktemp("foreign"))),
+        },
     )
     results = {}
     for line in proc.stdout.splitlines():

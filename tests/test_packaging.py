@@ -47,3 +47,19 @@ def test_configure_spark_sets_provider_and_jar() -> None:
     assert b._options["spark.sql.streaming.stateStore.providerClass"] == "org.pystatestore.PythonStateStoreProvider"
     assert b._options["spark.jars"].split(",") == ["/opt/other.jar", pystatestore.jar_path()]
     assert b._options["spark.sql.streaming.stateStore.pystatestore.backend"] == "memory"
+
+
+def test_jar_and_package_agree_on_release_and_protocol() -> None:
+    """The worker refuses a jar of another release by protocol; the numbers must move together."""
+    import re
+
+    import tomllib
+
+    from pystatestore.service import PROTOCOL_VERSION
+
+    shim = ROOT / "jvm-shim" / "src" / "main" / "scala" / "org" / "pystatestore"
+    release = re.search(r'val Version = "([^"]+)"', (shim / "Release.scala").read_text()).group(1)
+    protocol = int(re.search(r"val ProtocolVersion = (\d+)", (shim / "StateWorker.scala").read_text()).group(1))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert release == pystatestore.__version__ == project
+    assert protocol == PROTOCOL_VERSION

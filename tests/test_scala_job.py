@@ -28,9 +28,12 @@ def read_batches(path: Path) -> dict[int, str]:
 def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Path) -> None:
     jar = compile_test_jar("sessionization", [ROOT / "tests" / "jvm" / "Sessionization.scala"])
     input_dir = tmp_path / "in"
+    local_dir = tmp_path / "spark-local"
+    local_dir.mkdir()
     extra = {
         "spark.sql.streaming.stateStore.pystatestore.pythonPath": python_path_for_worker(),
         "spark.sql.streaming.stateStore.pystatestore.pythonExec": sys.executable,
+        "spark.local.dir": str(local_dir),
     }
     if master.startswith("local-cluster"):
         extra["spark.executor.memory"] = "768m"
@@ -44,6 +47,9 @@ def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Pa
             extra_conf=extra,
         )
         assert proc.returncode == 0, f"phase {phase} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    # Every JVM removed its worker logs, exchange files and local databases when it exited.
+    leftovers = sorted(str(p.relative_to(local_dir)) for p in local_dir.glob("pystatestore-*"))
+    assert not leftovers, f"left behind: {leftovers}"
     expected = read_batches(tmp_path / "HDFSBackedStateStoreProvider.out")
     actual = read_batches(tmp_path / "PythonStateStoreProvider.out")
     assert len(expected) >= 6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,16 @@ def test_token_is_not_on_the_worker_command_line(worker: tuple) -> None:
     argv = Path(f"/proc/{w.pid()}/cmdline").read_bytes().split(b"\0")
     argv = [a.decode() for a in argv if a]
     assert argv[1:] == ["-m", "pystatestore.worker"], argv
+
+
+def test_token_is_not_in_the_worker_environment(worker: tuple) -> None:
+    """/proc/<pid>/environ keeps what a process started with for its whole life: the token must
+    never have been there (it arrives on stdin)."""
+    _, w = worker
+    env = dict(
+        entry.split(b"=", 1) for entry in Path(f"/proc/{w.pid()}/environ").read_bytes().split(b"\0") if b"=" in entry
+    )
+    assert not [k for k in env if b"TOKEN" in k.upper() or b"GATEWAY" in k.upper()], sorted(env)
+    assert not [v for v in env.values() if re.fullmatch(rb"[0-9a-f]{64}", v)], (
+        "a 256-bit hex secret is in the environment"
+    )

@@ -1,7 +1,8 @@
 """The Spark-facing service: the object the JVM shim calls over Py4J (PythonStateService).
 
-It maps store handles to backends, serialises calls per store, and turns every failure into a JSON
-error reply, so the JVM can tell "the worker said no" from "the worker died".
+It maps store handles to backends, serialises calls per store (waiting a bounded time, and naming
+the call that holds a store when it gives up), and turns every failure into a JSON error reply, so
+the JVM can tell "the worker said no" from "the worker died".
 """
 
 from __future__ import annotations
@@ -12,28 +13,26 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from . import frames
+from . import __version__, faults, frames
 from .backends import BACKENDS, DEFAULT_BACKEND, StateBackend, StoreContext
 from .errors import StateStoreError, StoreConfigError
+from .leases import validate_grace
 from .remote import RemoteStore
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
+DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 log = logging.getLogger("pystatestore.service")
 
 
 def context_from_description(desc: dict[str, Any]) -> StoreContext:
     options = {str(k): str(v) for k, v in desc.get("options", {}).items()}
     store = str(desc["storeDir"])
-    try:
-        grace = float(options.get("orphanGraceSeconds", DEFAULT_ORPHAN_GRACE_SECONDS))
-    except ValueError:
-        raise StoreConfigError(
-            f"orphanGraceSeconds={options['orphanGraceSeconds']!r} is not a number", store=store
-        ) from None
+    grace = validate_grace(options.get("orphanGraceSeconds", DEFAULT_ORPHAN_GRACE_SECONDS), store=store)
     return StoreContext(
         store_dir=store,
         operator_id=int(desc["operatorId"]),
@@ -48,18 +47,51 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
     )
 
 
+def lock_wait_seconds(ctx: StoreContext) -> float:
+    """How long a call waits for its store: a little less than the JVM waits for the call, so the
+    JVM hears why (and which call holds the store) rather than only that it timed out."""
+    try:
+        call_ms = float(ctx.options.get("callTimeoutMs", DEFAULT_CALL_TIMEOUT_MS))
+    except ValueError:
+        raise StoreConfigError(
+            f"callTimeoutMs={ctx.options['callTimeoutMs']!r} is not a number", store=ctx.store_dir
+        ) from None
+    return max(1.0, call_ms / 1000 * 0.9)
+
+
 def make_backend(ctx: StoreContext) -> StateBackend:
     name = ctx.options.get("backend", DEFAULT_BACKEND)
     cls = BACKENDS.get(name)
     if cls is None:
         raise StoreConfigError(f"unknown backend {name!r} (known: {', '.join(sorted(BACKENDS))})", store=ctx.store_dir)
-    return cls(ctx, RemoteStore(ctx.store_dir))
+    backend = cls(ctx, RemoteStore(ctx.store_dir))
+    faults.install(backend)  # a no-op unless a test set PYSTATESTORE_TEST_FAULTS
+    return backend
 
 
 class _Store:
     def __init__(self, backend: StateBackend) -> None:
         self.backend = backend
         self.lock = threading.Lock()
+        self.busy_with: str | None = None  # the call holding the lock, for "store busy" errors
+        self.busy_since = 0.0
+
+    @contextmanager
+    def locked(self, call: str, handle: str) -> Iterator[StateBackend]:
+        if not self.lock.acquire(timeout=lock_wait_seconds(self.backend.ctx)):
+            holder, since = self.busy_with, self.busy_since
+            raise StoreConfigError(
+                f"{call} waited too long: the store is busy with {holder} (running for {time.time() - since:.0f} s)",
+                store=handle,
+                advice="The earlier call is stuck in the worker (see its log); Spark retries this task, and the "
+                "JVM reopens the store in a fresh state after a call times out.",
+            )
+        self.busy_with, self.busy_since = call, time.time()
+        try:
+            yield self.backend
+        finally:
+            self.busy_with = None
+            self.lock.release()
 
 
 class StoreService:
@@ -74,7 +106,14 @@ class StoreService:
 
     # -- protocol ----------------------------------------------------------------------------
     def hello(self) -> str:
-        return _reply(lambda: {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "backends": sorted(BACKENDS)})
+        return _reply(
+            lambda: {
+                "protocol": PROTOCOL_VERSION,
+                "version": __version__,
+                "pid": os.getpid(),
+                "backends": sorted(BACKENDS),
+            }
+        )
 
     def openStore(self, store_json: str) -> str:  # noqa: N802 (Java interface name)
         def run() -> dict[str, Any]:
@@ -82,10 +121,18 @@ class StoreService:
             ctx = context_from_description(desc)
             # One backend per provider instance (see the JVM side): no cache outlives its query run.
             handle = f"{ctx.store_dir}#{desc.get('instanceId', '')}"
+            replaced: list[_Store] = []
             with self._lock:
                 existing = self._stores.get(handle)
                 if existing is None or existing.backend.ctx != ctx:
+                    if existing is not None:
+                        replaced.append(existing)
                     self._stores[handle] = _Store(make_backend(ctx))
+                gone = desc.get("replacesHandle")
+                if gone and gone != handle and gone in self._stores:
+                    replaced.append(self._stores.pop(gone))
+            for store in replaced:
+                _close_when_idle(store)
             return {"handle": handle}
 
         return _reply(run)
@@ -93,11 +140,11 @@ class StoreService:
     def load(self, handle: str, version: int, out_path: str) -> str:
         def run() -> dict[str, Any]:
             started = time.perf_counter()
-            store = self._store(handle)
-            with store.lock:
-                result = store.backend.load(int(version))
+            with self._store(handle).locked(f"load of version {version}", handle) as backend:
+                result = backend.load(int(version))
             frames.write_buffer(out_path, result.frame)
             return {
+                "manifestId": result.manifest_id,
                 "numKeys": result.num_keys,
                 "bytes": result.bytes_read,
                 "source": result.source,
@@ -107,15 +154,16 @@ class StoreService:
 
         return _reply(run)
 
-    def commit(self, handle: str, base_version: int, changes_path: str, attempt_id: str) -> str:
+    def commit(self, handle: str, base_version: int, base_manifest_id: str, changes_path: str, attempt_id: str) -> str:
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
             changes = frames.read_changes(changes_path)
-            with store.lock:
-                result = store.backend.commit(int(base_version), changes, str(attempt_id))
+            with store.locked(f"commit of version {int(base_version) + 1}", handle) as backend:
+                result = backend.commit(int(base_version), changes, str(attempt_id), str(base_manifest_id))
             return {
                 "version": result.version,
+                "manifestId": result.manifest_id,
                 "numKeys": result.num_keys,
                 "bytesWritten": result.bytes_written,
                 "filesWritten": result.files_written,
@@ -128,9 +176,8 @@ class StoreService:
 
     def maintenance(self, handle: str) -> str:
         def run() -> dict[str, Any]:
-            store = self._store(handle)
-            with store.lock:
-                return store.backend.maintenance(time.time())
+            with self._store(handle).locked("maintenance", handle) as backend:
+                return backend.maintenance()
 
         return _reply(run)
 
@@ -139,11 +186,26 @@ class StoreService:
             with self._lock:
                 store = self._stores.pop(handle, None)
             if store is not None:
-                with store.lock:
-                    store.backend.close()
+                with store.locked("close", handle) as backend:
+                    backend.close()
             return {"closed": store is not None}
 
         return _reply(run)
+
+    def close_all(self, wait_seconds: float = 10.0) -> None:
+        """Closes every store (the JVM is going away), giving calls in flight a little time."""
+        with self._lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for store in stores:
+            if store.lock.acquire(timeout=wait_seconds):
+                try:
+                    store.backend.close()
+                finally:
+                    store.lock.release()
+            else:
+                log.warning(
+                    "store %s still busy with %s at exit; leaving it", store.backend.ctx.store_dir, store.busy_with
+                )
 
     # -- helpers -----------------------------------------------------------------------------
     def _store(self, handle: str) -> _Store:
@@ -152,6 +214,16 @@ class StoreService:
         if store is None:
             raise StoreConfigError("store is not open in this worker (the JVM must call openStore first)", store=handle)
         return store
+
+
+def _close_when_idle(store: _Store) -> None:
+    """Closes a replaced backend once the call it may still be running (a timed-out one) returns."""
+
+    def close() -> None:
+        with store.lock:
+            store.backend.close()
+
+    threading.Thread(target=close, name="close-replaced-store", daemon=True).start()
 
 
 def _ms(started: float) -> int:

@@ -1,12 +1,15 @@
 """The Python state worker process: `python -m pystatestore.worker`, started by the JVM shim.
 
-It connects to the shim's Py4J gateway (loopback only, authenticated with the token it finds in
-its environment), serves StoreService through a callback server bound to loopback with the same
-token, and exits when the JVM closes its stdin (the JVM exited or replaced it).
+The JVM writes one line to the worker's stdin, `{"port": P, "token": T}`, and keeps the pipe open:
+so the gateway token never appears on a command line or in /proc/<pid>/environ. The worker connects
+to the shim's Py4J gateway (loopback only, authenticated with the token), serves StoreService through
+a callback server bound to loopback with the same token, and exits, closing its stores, when the JVM
+closes its stdin (the JVM exited or replaced it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -18,6 +21,13 @@ from .service import StoreService
 LOOPBACK = "127.0.0.1"
 
 
+def read_handshake(stream) -> tuple[int, str]:  # noqa: ANN001 - a binary file object
+    """The first stdin line: port and token from the JVM. Raises ValueError when malformed."""
+    line = stream.readline(4096)
+    doc = json.loads(line.decode("utf-8"))
+    return int(doc["port"]), str(doc["token"])
+
+
 def main() -> int:
     logging.basicConfig(
         level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"),
@@ -27,10 +37,11 @@ def main() -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every call at INFO
     log = logging.getLogger("pystatestore.worker")
     try:
-        port = int(os.environ.pop("PYSTATESTORE_GATEWAY_PORT"))
-        token = os.environ.pop("PYSTATESTORE_GATEWAY_TOKEN")
-    except KeyError as e:
-        log.error("missing %s: the worker is started by the pystatestore JVM shim, not by hand", e)
+        port, token = read_handshake(sys.stdin.buffer)
+    except (ValueError, KeyError, TypeError) as e:
+        log.error(
+            "no valid handshake on stdin (%s): the worker is started by the pystatestore JVM shim, not by hand", e
+        )
         return 2
     gateway = JavaGateway(
         gateway_parameters=GatewayParameters(address=LOOPBACK, port=port, auth_token=token, auto_convert=False),
@@ -38,13 +49,15 @@ def main() -> int:
             address=LOOPBACK, port=0, auth_token=token, daemonize=True, daemonize_connections=True
         ),
     )
+    del token
     service = StoreService()
     callback_port = gateway.get_callback_server().get_listening_port()
     gateway.entry_point.register(service, callback_port)
     log.info("pystatestore worker serving (gateway port %d, callback port %d)", port, callback_port)
     sys.stdin.buffer.read()  # blocks until the JVM closes the pipe
-    log.info("JVM closed the worker's stdin; exiting")
+    log.info("JVM closed the worker's stdin; closing stores and exiting")
     try:
+        service.close_all()
         gateway.shutdown()
     finally:
         os._exit(0)

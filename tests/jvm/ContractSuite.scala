@@ -382,6 +382,124 @@ object ContractSuite {
     good.close()
   }
 
+  scenario("two_attempts_at_one_version_the_last_wins_and_the_loser_reloads") {
+    val dir = newDir()
+    val first = provider(dir)
+    val second = provider(dir) // another executor's provider of the same store
+    commitVersion(first, 0, Map("a" -> 1))
+    check(commitVersion(first, 1, Map("b" -> 1)) == 2, "first attempt at version 2")
+    check(commitVersion(second, 1, Map("b" -> 2)) == 2, "second attempt at version 2 (Spark's retry)")
+    check(contents(provider(dir).getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "the last manifest wins")
+    // The first provider's cached version 2 is an attempt the checkpoint no longer holds: building
+    // version 3 on it must fail, and the retried task must see the winning attempt.
+    val stale = first.getStore(2)
+    stale.put(key("c"), value(3))
+    val refused = expectThrows[Throwable]("commit on a replaced base")(stale.commit())
+    check(messages(refused).contains("now holds attempt"), s"refusal should explain: ${messages(refused)}")
+    stale.abort()
+    check(contents(first.getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "the retry reloads the winner")
+    check(commitVersion(first, 2, Map("c" -> 3)) == 3, "the retry commits")
+    check(contents(provider(dir).getStore(3)) == Map(("a", 0) -> 1, ("b", 0) -> 2, ("c", 0) -> 3), "version 3")
+    first.close(); second.close()
+  }
+
+  scenario("maintenance_concurrent_with_commits_loses_nothing") {
+    val dir = newDir()
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    val writer = provider(dir, conf = conf)
+    val gc = provider(dir, conf = conf) // another instance that also wrote, so its maintenance deletes
+    commitVersion(gc, 0, Map("seed" -> 0))
+    val stop = new java.util.concurrent.atomic.AtomicBoolean(false)
+    val pool = Executors.newSingleThreadExecutor()
+    val maintenance = pool.submit(new Callable[Int] {
+      override def call(): Int = { var runs = 0; while (!stop.get) { gc.doMaintenance(); writer.doMaintenance(); runs += 1 }; runs }
+    })
+    try {
+      (2 to 25).foreach(v => commitVersion(writer, v - 1, Map(s"k$v" -> v), if (v > 3) Seq(s"k${v - 2}") else Nil))
+    } finally stop.set(true)
+    val runs = maintenance.get(60, TimeUnit.SECONDS)
+    pool.shutdownNow()
+    check(runs > 3, s"maintenance ran only $runs times")
+    writer.doMaintenance()
+    val fresh = provider(dir, conf = conf)
+    for (v <- 23 to 25) {
+      val expected = Map(("seed", 0) -> 0) ++ (math.max(2, v - 1) to v).map(i => (s"k$i", 0) -> i)
+      check(contents(fresh.getStore(v)) == expected, s"version $v after concurrent GC: ${contents(fresh.getStore(v))}")
+    }
+    val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+    check(manifests == Seq("23.json", "24.json", "25.json"), s"retention applied: $manifests")
+    writer.close(); gc.close(); fresh.close()
+  }
+
+  scenario("a_frozen_worker_fails_the_call_within_bounds") {
+    val dir = newDir()
+    val p = provider(dir, conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.workerProbeIntervalMs" -> "1000"))
+    commitVersion(p, 0, Map("a" -> 1))
+    val worker = StateWorker.currentWorker.get
+    val s = p.getStore(1)
+    s.put(key("b"), value(2))
+    new ProcessBuilder("kill", "-STOP", worker.pid.toString).start().waitFor()
+    val started = System.nanoTime()
+    val e = expectThrows[Throwable]("commit against a frozen worker")(s.commit())
+    val tookMs = (System.nanoTime() - started) / 1000000
+    val text = messages(e)
+    check(tookMs < 15000, s"a frozen worker held the task for $tookMs ms")
+    check(text.contains("stopped answering") && text.contains(s"pid ${worker.pid}") &&
+      text.contains(worker.logFile.getPath) && text.contains("commit of"), s"unclear error: $text")
+    s.abort()
+    check(commitVersion(p, 1, Map("b" -> 2)) == 2, "the retry commits with a new worker")
+    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    p.close()
+  }
+
+  scenario("a_call_stuck_in_one_store_times_out_alone") {
+    // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) stalls the first commit of any
+    // store whose directory contains "stuck-store" for 8 s in the worker.
+    val stuckDir = Files.createTempDirectory(workDir, "stuck-store").toUri.toString
+    val conf = sqlConf(
+      "spark.sql.streaming.stateStore.pystatestore.callTimeoutMs" -> "2500",
+      "spark.sql.streaming.stateStore.pystatestore.workerProbeIntervalMs" -> "1000")
+    val stuck = provider(stuckDir, conf = conf)
+    val healthy = provider(newDir(), conf = conf)
+    commitVersion(healthy, 0, Map("warm" -> 1)) // the worker is up
+    val worker = StateWorker.currentWorker.get
+    val pool = Executors.newSingleThreadExecutor()
+    val inFlight = pool.submit(new Callable[Long] { override def call(): Long = commitVersion(stuck, 0, Map("a" -> 1)) })
+    Thread.sleep(300)
+    check(commitVersion(healthy, 1, Map("other" -> 2)) == 2, "another store commits while one is stuck")
+    val e = expectThrows[Throwable]("the stuck commit") {
+      try inFlight.get(30, TimeUnit.SECONDS) catch { case ee: java.util.concurrent.ExecutionException => throw ee.getCause }
+    }
+    pool.shutdownNow()
+    val text = messages(e)
+    check(text.contains("did not return within 2500 ms") && text.contains("stuck-store") &&
+      text.contains(s"pid ${worker.pid}") && text.contains(worker.logFile.getPath), s"unclear timeout: $text")
+    check(StateWorker.currentWorker.get eq worker, "the worker must not be replaced for one stuck call")
+    check(commitVersion(healthy, 2, Map("more" -> 3)) == 3, "the healthy store still commits")
+    // The retried task opens the store afresh and does not queue behind the stuck call.
+    val retryStarted = System.nanoTime()
+    check(commitVersion(stuck, 0, Map("a" -> 1)) == 1, "the retry of the stuck store commits")
+    check((System.nanoTime() - retryStarted) / 1000000 < 2500, "the retry waited for the stuck call")
+    stuck.close(); healthy.close()
+  }
+
+  scenario("a_worker_of_another_release_is_refused") {
+    val foreign = sys.env.getOrElse("PYSTATESTORE_TEST_FOREIGN_PYTHONPATH", "")
+    check(foreign.nonEmpty, "tests/test_contract.py must set PYSTATESTORE_TEST_FOREIGN_PYTHONPATH")
+    StateWorker.currentWorker.foreach(_.process.destroyForcibly().waitFor())
+    val p = provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.pythonPath" -> foreign))
+    val s = p.getStore(0)
+    s.put(key("a"), value(1))
+    val e = expectThrows[Throwable]("commit through a worker of another release")(s.commit())
+    val text = messages(e)
+    check(text.contains("speaks protocol 1") && text.contains(s"protocol ${StateWorker.ProtocolVersion}") &&
+      text.contains("pystatestore 0.1.0") && text.contains("pythonExec"), s"unclear refusal: $text")
+    s.abort(); p.close()
+    val good = provider(newDir())
+    check(commitVersion(good, 0, Map("a" -> 1)) == 1, "a matching worker starts afterwards")
+    good.close()
+  }
+
   def main(args: Array[String]): Unit = {
     workDir = new File(args(0)).toPath
     pythonExec = args(1)

@@ -28,7 +28,8 @@ final class VersionState(
     val version: Long,
     val map: HashMap[UnsafeRow, UnsafeRow],
     val prefixIndex: HashMap[UnsafeRow, HashSet[UnsafeRow]],
-    val dataBytes: Long) {
+    val dataBytes: Long,
+    val manifestId: String = "") {
 
   def numKeys: Long = map.size.toLong
 
@@ -43,6 +44,7 @@ final class VersionState(
   /** The next version: this one with `puts` applied and `deletes` removed. */
   def applyChanges(
       newVersion: Long,
+      newManifestId: String,
       puts: Iterable[(UnsafeRow, UnsafeRow)],
       deletes: Iterable[UnsafeRow],
       prefixOf: UnsafeRow => UnsafeRow): VersionState = {
@@ -65,7 +67,7 @@ final class VersionState(
       }
       m = m.updated(k, v)
     }
-    new VersionState(newVersion, m, idx, bytes)
+    new VersionState(newVersion, m, idx, bytes, newManifestId)
   }
 }
 
@@ -86,6 +88,7 @@ object VersionState {
   /** Builds a version from loaded pairs (already copied, owned rows). */
   def build(
       version: Long,
+      manifestId: String,
       pairs: Iterator[(UnsafeRow, UnsafeRow)],
       prefixOf: Option[UnsafeRow => UnsafeRow]): VersionState = {
     val mb = HashMap.newBuilder[UnsafeRow, UnsafeRow]
@@ -100,7 +103,7 @@ object VersionState {
       }
     }
     val idx = prefixOf.map(_ => HashMap.from(byPrefix.asScala)).orNull
-    new VersionState(version, mb.result(), idx, bytes)
+    new VersionState(version, mb.result(), idx, bytes, manifestId)
   }
 }
 

@@ -27,8 +27,11 @@ trait PythonStateService {
   /**
    * Applies the changes in `changesPath` (Arrow IPC stream: op int8, key binary, value binary) to
    * `baseVersion` and makes `baseVersion + 1` durable. Returns only once the manifest is written.
+   * `baseManifestId` names the attempt at the base version the changes were computed on ("" for
+   * version 0); the worker refuses the commit if another attempt has since replaced it.
    */
-  def commit(handle: String, baseVersion: Long, changesPath: String, attemptId: String): String
+  def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
+      attemptId: String): String
 
   /** Applies retention and removes files no retained version needs. */
   def maintenance(handle: String): String

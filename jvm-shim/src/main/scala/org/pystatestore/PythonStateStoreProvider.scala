@@ -9,6 +9,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.json4s._
+import org.json4s.jackson.JsonMethods
 import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.spark.TaskContext
@@ -41,6 +42,8 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   /** Worker generation in which `openStore` was last called for this store. */
   private var openedInGeneration = -1
   private var handle: String = _
+  /** Set when a call timed out: the next call opens the store afresh under a new handle. */
+  private var abandonedHandle: Option[String] = None
 
   /** Recent committed versions; persistent maps share structure, so keeping a few is cheap. */
   private val cachedVersions = new mutable.LinkedHashMap[Long, VersionState]()
@@ -79,11 +82,19 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     val location = stateStoreId.storeCheckpointLocation()
     storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
-    val opts = storeConfs.sqlConfs.collect {
+    workerOptions = storeConfs.sqlConfs.collect {
       case (k, v) if k.startsWith(WorkerLaunchSpec.ConfPrefix) =>
         k.stripPrefix(WorkerLaunchSpec.ConfPrefix) -> JString(v)
     }.toList
-    storeDescription = compact(render(JObject(
+    storeDescription = describeForWorker()
+  }
+
+  private var workerOptions: List[(String, JValue)] = Nil
+
+  /** What the worker needs to open this store; each call makes a new provider-instance id. */
+  private def describeForWorker(): String = {
+    val stateStoreId = storeIdValue
+    compact(render(JObject(
       "storeDir" -> JString(storeLocation),
       // Worker-side state is per provider instance: a restarted query never sees a cache filled
       // by an earlier run, even in the same JVM, and always reloads from the checkpoint.
@@ -93,9 +104,9 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       "storeName" -> JString(stateStoreId.storeName),
       "keySchema" -> JString(keySchema.json),
       "valueSchema" -> JString(valueSchema.json),
-      "minVersionsToRetain" -> JInt(storeConfs.minVersionsToRetain),
+      "minVersionsToRetain" -> JInt(storeConf.minVersionsToRetain),
       "localDir" -> JString(StateWorker.localStateDir.getAbsolutePath),
-      "options" -> JObject(opts))))
+      "options" -> JObject(workerOptions))))
   }
 
   override def stateStoreId: StateStoreId = storeIdValue
@@ -137,7 +148,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     synchronized { cachedVersions.clear() }
     StateWorker.currentWorker.filter(w => w.isUsable && w.generation == openedInGeneration)
       .foreach { w =>
-        try StateWorker.call(w, s"close of $describeStore")(_.closeStore(handle))
+        try StateWorker.call(w, s"close of $describeStore", launchSpec)(_.closeStore(handle))
         catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
       }
   }
@@ -196,7 +207,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       }
       val rows = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
       ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
-      val state = VersionState.build(version, rows.iterator, prefixOf)
+      val state = VersionState.build(version, stringField(reply, "manifestId"), rows.iterator, prefixOf)
       remember(state)
       LoadedVersion(state, LoadMetrics(
         fromCache = false,
@@ -227,8 +238,16 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         deletes.iterator.map(k => (ArrowFrames.OpDelete, k.getBytes, null: Array[Byte]))
       val frameBytes = ArrowFrames.writeChanges(file, changes)
       val writtenAt = System.nanoTime()
-      val reply = callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
-        svc.commit(h, base.version, file.getAbsolutePath, attemptId())
+      val reply = try {
+        callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
+          svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId())
+        }
+      } catch {
+        case e: StateWorkerException if e.errorType == "BaseVersionReplacedError" =>
+          // Our cached base is an attempt the checkpoint no longer holds: forget it and what was
+          // built on it, so the retried task loads the version the checkpoint has.
+          synchronized { cachedVersions.keys.filter(_ >= base.version).toList.foreach(cachedVersions.remove) }
+          throw e
       }
       val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
         case Some(spec) =>
@@ -236,7 +255,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
           (k: UnsafeRow) => proj(k).copy()
         case None => _ => null
       }
-      val state = base.applyChanges(newVersion, puts, deletes, prefixOf)
+      val state = base.applyChanges(newVersion, stringField(reply, "manifestId"), puts, deletes, prefixOf)
       remember(state)
       hasCommitted = true
       if (storeConf.commitValidationEnabled) {
@@ -260,18 +279,35 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   private def callWorker(what: String)(f: (PythonStateService, String) => String): JValue =
     callWorker(StateWorker.acquire(launchSpec), what)(f)
 
-  /** Opens the store in this worker generation if needed, then makes the call. */
+  /**
+   * Opens the store in this worker generation if needed, then makes the call. After a call timed
+   * out (stuck in the worker, which still serves others), the store is opened afresh under a new
+   * handle, so the next task does not queue behind the stuck call; the worker closes the old one
+   * once that call returns.
+   */
   private def callWorker(worker: RunningWorker, what: String)(
       f: (PythonStateService, String) => String): JValue = {
     val h = synchronized {
-      if (openedInGeneration != worker.generation) {
-        val reply = StateWorker.call(worker, s"open of $describeStore")(_.openStore(storeDescription))
+      if (openedInGeneration != worker.generation || abandonedHandle.isDefined) {
+        val desc = abandonedHandle match {
+          case Some(old) if openedInGeneration == worker.generation =>
+            storeDescription = describeForWorker()
+            compact(render(JsonMethods.parse(storeDescription).merge(JObject("replacesHandle" -> JString(old)))))
+          case _ => storeDescription
+        }
+        val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
         handle = (reply \ "handle").asInstanceOf[JString].s
         openedInGeneration = worker.generation
+        abandonedHandle = None
       }
       handle
     }
-    StateWorker.call(worker, what)(svc => f(svc, h))
+    try StateWorker.call(worker, what, launchSpec)(svc => f(svc, h))
+    catch {
+      case e: StateWorkerTimeoutException =>
+        synchronized { if (handle == h) abandonedHandle = Some(h) }
+        throw e
+    }
   }
 
   private def attemptId(): String = Option(TaskContext.get()).map { tc =>
@@ -368,6 +404,11 @@ object PythonStateStoreProvider {
     val row = new UnsafeRow(numFields)
     row.pointTo(bytes, bytes.length)
     row
+  }
+
+  private[pystatestore] def stringField(json: JValue, name: String): String = json \ name match {
+    case JString(s) => s
+    case _ => ""
   }
 
   private[pystatestore] def longField(json: JValue, name: String): Long = json \ name match {

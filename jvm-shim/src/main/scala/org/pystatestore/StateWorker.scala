@@ -5,7 +5,8 @@ import java.net.InetAddress
 import java.nio.charset.StandardCharsets
 import java.nio.file.Files
 import java.security.SecureRandom
-import java.util.concurrent.{CountDownLatch, TimeUnit}
+import java.util.concurrent.{CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit, TimeoutException}
+import java.util.concurrent.atomic.AtomicInteger
 
 import scala.util.control.NonFatal
 
@@ -25,11 +26,24 @@ class StateWorkerDiedException(message: String, cause: Throwable)
 class StateWorkerException(val errorType: String, message: String)
   extends RuntimeException(message)
 
-/** How to start the Python worker: resolved from provider confs, Spark conf and environment. */
-case class WorkerLaunchSpec(pythonExec: String, pythonPath: Option[String], startTimeoutMs: Long)
+/**
+ * A call did not return within its time limit although the worker still answers health checks:
+ * that store's call is stuck (not the worker), so only this call fails.
+ */
+class StateWorkerTimeoutException(message: String) extends RuntimeException(message)
+
+/** How to start and talk to the Python worker: resolved from provider confs, Spark conf, environment. */
+case class WorkerLaunchSpec(
+    pythonExec: String,
+    pythonPath: Option[String],
+    startTimeoutMs: Long,
+    callTimeoutMs: Long = WorkerLaunchSpec.DefaultCallTimeoutMs,
+    probeIntervalMs: Long = WorkerLaunchSpec.DefaultProbeIntervalMs)
 
 object WorkerLaunchSpec {
   val ConfPrefix = "spark.sql.streaming.stateStore.pystatestore."
+  val DefaultCallTimeoutMs: Long = 30L * 60 * 1000
+  val DefaultProbeIntervalMs: Long = 30L * 1000
 
   /** Interpreter: provider conf, else spark.pyspark.python, else PYSPARK_PYTHON, else python3. */
   def resolve(providerConfs: Map[String, String]): WorkerLaunchSpec = {
@@ -41,8 +55,19 @@ object WorkerLaunchSpec {
     WorkerLaunchSpec(
       exec,
       providerConfs.get(ConfPrefix + "pythonPath").filter(_.nonEmpty),
-      providerConfs.getOrElse(ConfPrefix + "workerStartTimeoutMs", "60000").toLong)
+      positiveMs(providerConfs, "workerStartTimeoutMs", 60000L),
+      positiveMs(providerConfs, "callTimeoutMs", DefaultCallTimeoutMs),
+      positiveMs(providerConfs, "workerProbeIntervalMs", DefaultProbeIntervalMs))
   }
+
+  private def positiveMs(confs: Map[String, String], name: String, default: Long): Long =
+    confs.get(ConfPrefix + name) match {
+      case None => default
+      case Some(v) => scala.util.Try(v.trim.toLong).toOption.filter(_ > 0).getOrElse {
+        throw new IllegalArgumentException(
+          s"$ConfPrefix$name=$v is not a positive number of milliseconds; fix or unset it")
+      }
+    }
 }
 
 /**
@@ -58,6 +83,7 @@ final class RunningWorker private[pystatestore] (
     val service: PythonStateService) {
 
   @volatile private var markedDead = false
+  @volatile private[pystatestore] var diedAbnormally = false
 
   def pid: Long = process.pid()
 
@@ -70,13 +96,25 @@ final class RunningWorker private[pystatestore] (
 
   def describe: String = s"pystatestore state worker (pid $pid, generation $generation)"
 
-  def markDead(): Unit = markedDead = true
+  def markDead(): Unit = {
+    markedDead = true
+    diedAbnormally = true
+  }
+
+  /** Kills a worker that stopped answering; its calls in flight fail as their sockets close. */
+  def kill(): Unit = {
+    markDead()
+    process.destroyForcibly()
+    process.waitFor(5, TimeUnit.SECONDS)
+  }
 
   def shutdown(): Unit = {
     markedDead = true
     try process.getOutputStream.close() catch { case NonFatal(_) => } // EOF on stdin: worker exits
-    if (!process.waitFor(3, TimeUnit.SECONDS)) process.destroyForcibly()
+    // The worker closes its stores (deleting their local working files) before exiting.
+    if (!process.waitFor(15, TimeUnit.SECONDS)) process.destroyForcibly()
     try gateway.shutdown() catch { case NonFatal(_) => }
+    if (!diedAbnormally) StateWorker.deleteRecursively(exchangeDir)
   }
 }
 
@@ -102,17 +140,40 @@ final class WorkerRegistration(token: String) {
  * shared by every provider in this JVM, restarted on the next call after it dies.
  */
 object StateWorker extends Logging {
-  private val ProtocolVersion = 1
+  /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
+  val ProtocolVersion = 2
   private var current: RunningWorker = _
   private var generations = 0
+  private var anyDiedAbnormally = false
   private implicit val formats: Formats = DefaultFormats
 
-  sys.addShutdownHook { synchronized { if (current != null) current.shutdown() } }
+  /** Threads that make worker calls, so a caller can stop waiting for one that hangs. */
+  private val callThreads = Executors.newCachedThreadPool(new ThreadFactory {
+    private val n = new AtomicInteger()
+    override def newThread(r: Runnable): Thread = {
+      val t = new Thread(r, s"pystatestore-call-${n.incrementAndGet()}")
+      t.setDaemon(true)
+      t
+    }
+  })
+
+  sys.addShutdownHook {
+    synchronized {
+      if (current != null) {
+        current.shutdown()
+        anyDiedAbnormally ||= current.diedAbnormally
+      }
+      // Logs of a worker that died are kept for diagnosis; otherwise nothing of ours stays behind.
+      if (!anyDiedAbnormally && chosenRoot != null) deleteRecursively(chosenRoot)
+    }
+  }
 
   /** Returns a live worker, starting one if there is none or the last one died. */
   def acquire(spec: WorkerLaunchSpec): RunningWorker = synchronized {
     if (current == null || !current.isUsable) {
       if (current != null) {
+        if (!current.process.isAlive) current.diedAbnormally = true
+        anyDiedAbnormally ||= current.diedAbnormally
         logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
         current.shutdown()
       }
@@ -124,18 +185,68 @@ object StateWorker extends Logging {
   /** For tests and the fault suite: the worker in use now, if any. */
   def currentWorker: Option[RunningWorker] = synchronized { Option(current) }
 
-  /** Calls the worker; turns transport failures into a clear "worker died" error. */
-  def call(worker: RunningWorker, what: => String)(f: PythonStateService => String): JValue = {
-    val reply = try f(worker.service) catch {
-      case NonFatal(e) =>
-        worker.process.waitFor(2, TimeUnit.SECONDS)
-        worker.markDead()
-        val state = if (worker.process.isAlive) "stopped answering" else
-          s"died (exit code ${worker.process.exitValue()})"
-        throw new StateWorkerDiedException(
-          s"${worker.describe} $state during $what. Its log is at ${worker.logFile}. " +
-            "The task fails; Spark retries it and the next task starts a fresh worker that " +
-            "reloads the state from the checkpoint.", e)
+  private def died(worker: RunningWorker, state: String, what: String, cause: Throwable) =
+    new StateWorkerDiedException(
+      s"${worker.describe} $state during $what. Its log is at ${worker.logFile}. " +
+        "The task fails; Spark retries it and the next task starts a fresh worker that " +
+        "reloads the state from the checkpoint.", cause)
+
+  /** Does the worker still answer? A `hello` on its own connection, bounded by `timeoutMs`. */
+  private def answers(worker: RunningWorker, timeoutMs: Long): Boolean = {
+    val probe = callThreads.submit(() => worker.service.hello())
+    try { probe.get(timeoutMs, TimeUnit.MILLISECONDS); true }
+    catch { case NonFatal(_) => probe.cancel(true); false }
+  }
+
+  /**
+   * Calls the worker with bounded waits. While the call runs, the worker is probed every
+   * `probeIntervalMs`: one that stops answering (hung, frozen) is killed and the call fails as
+   * "worker died"; a call that outlives `callTimeoutMs` on a worker that still answers fails alone
+   * (StateWorkerTimeoutException) and leaves the worker serving other stores. A transport error on
+   * a worker that still answers fails only this call, too.
+   */
+  def call(worker: RunningWorker, what: => String, spec: WorkerLaunchSpec)(
+      f: PythonStateService => String): JValue = {
+    val started = System.nanoTime()
+    val future = callThreads.submit(() => f(worker.service))
+    var reply: String = null
+    while (reply == null) {
+      val waitedMs = (System.nanoTime() - started) / 1000000
+      val remaining = spec.callTimeoutMs - waitedMs
+      if (remaining <= 0) {
+        throw new StateWorkerTimeoutException(
+          s"$what did not return within ${spec.callTimeoutMs} ms " +
+            s"(${WorkerLaunchSpec.ConfPrefix}callTimeoutMs); ${worker.describe} still answers, so only " +
+            s"this call failed. Its log is at ${worker.logFile}. Spark retries the task; the store is " +
+            "reopened in a fresh state.")
+      }
+      try {
+        reply = future.get(math.min(remaining, spec.probeIntervalMs), TimeUnit.MILLISECONDS)
+      } catch {
+        case _: TimeoutException =>
+          if (!worker.process.isAlive || !answers(worker, spec.probeIntervalMs)) {
+            val state = if (worker.process.isAlive) {
+              worker.kill()
+              s"stopped answering (no reply to a health check within ${spec.probeIntervalMs} ms; killed)"
+            } else s"died (exit code ${worker.process.exitValue()})"
+            worker.markDead()
+            throw died(worker, state, what, null)
+          }
+        case e: ExecutionException =>
+          val cause = Option(e.getCause).getOrElse(e)
+          worker.process.waitFor(1, TimeUnit.SECONDS)
+          if (!worker.process.isAlive) {
+            worker.markDead()
+            throw died(worker, s"died (exit code ${worker.process.exitValue()})", what, cause)
+          }
+          if (!answers(worker, spec.probeIntervalMs)) {
+            worker.kill()
+            throw died(worker, "stopped answering (killed)", what, cause)
+          }
+          throw new StateWorkerException("TransportError",
+            s"$what failed in transport (${cause.getMessage}); ${worker.describe} still answers and keeps " +
+              s"serving other stores. Its log is at ${worker.logFile}.")
+      }
     }
     val json = JsonMethods.parse(reply)
     json \ "error" match {
@@ -160,14 +271,52 @@ object StateWorker extends Logging {
     dir
   }
 
-  /** Where worker logs and Arrow exchange files go: spark.local.dir, else java.io.tmpdir. */
-  private def workRoot(): File = {
-    val base = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
-      .map(_.split(",").head.trim).filter(_.nonEmpty)
-      .getOrElse(System.getProperty("java.io.tmpdir"))
-    val dir = new File(base, s"pystatestore-${ProcessHandle.current().pid()}")
-    dir.mkdirs()
-    dir
+  private def workBase(): File = new File(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
+    .map(_.split(",").head.trim).filter(_.nonEmpty)
+    .getOrElse(System.getProperty("java.io.tmpdir")))
+
+  private val WorkDirName = "^pystatestore-(\\d+)$".r
+
+  private var chosenRoot: File = _
+
+  /**
+   * Where worker logs and Arrow exchange files go: spark.local.dir, else java.io.tmpdir. Chosen
+   * once per JVM: after SparkContext.stop() SparkEnv is gone, and the shutdown hook must clean the
+   * directory that was used, not recompute another one.
+   */
+  private def workRoot(): File = synchronized {
+    if (chosenRoot == null) {
+      val base = workBase()
+      chosenRoot = new File(base, s"pystatestore-${ProcessHandle.current().pid()}")
+      sweepLeftovers(base)
+    }
+    chosenRoot.mkdirs()
+    chosenRoot
+  }
+
+  /**
+   * Removes work dirs of JVMs that are gone (killed before their shutdown hook ran) and that nobody
+   * touched for an hour. Only directories named like ours and owned by this user are considered.
+   */
+  private def sweepLeftovers(base: File): Unit = try {
+    val me = Files.getOwner(base.toPath).getName
+    val now = System.currentTimeMillis()
+    Option(base.listFiles()).getOrElse(Array.empty[File]).foreach { d =>
+      d.getName match {
+        case WorkDirName(pid) if d.isDirectory && !Files.isSymbolicLink(d.toPath) &&
+            ProcessHandle.of(pid.toLong).isEmpty && now - d.lastModified() > 3600L * 1000 &&
+            Files.getOwner(d.toPath).getName == System.getProperty("user.name", me) =>
+          deleteRecursively(d)
+        case _ =>
+      }
+    }
+  } catch { case NonFatal(e) => logDebug(s"Could not sweep old pystatestore work dirs in $base: $e") }
+
+  private[pystatestore] def deleteRecursively(f: File): Unit = {
+    if (f.isDirectory && !Files.isSymbolicLink(f.toPath)) {
+      Option(f.listFiles()).foreach(_.foreach(deleteRecursively))
+    }
+    f.delete()
   }
 
   private def start(spec: WorkerLaunchSpec): RunningWorker = {
@@ -204,10 +353,6 @@ object StateWorker extends Logging {
     command.add("pystatestore.worker")
     val pb = new ProcessBuilder(command)
     val env = pb.environment()
-    // Port and token go through the environment, never the command line (visible to `ps`).
-    env.put("PYSTATESTORE_GATEWAY_PORT", server.getListeningPort.toString)
-    env.put("PYSTATESTORE_GATEWAY_TOKEN", token)
-    env.put("PYSTATESTORE_PROTOCOL", ProtocolVersion.toString)
     spec.pythonPath.foreach { p =>
       env.put("PYTHONPATH", (p +: Option(env.get("PYTHONPATH")).toSeq).mkString(File.pathSeparator))
     }
@@ -221,6 +366,14 @@ object StateWorker extends Logging {
             s"Set ${WorkerLaunchSpec.ConfPrefix}pythonExec (or spark.pyspark.python) to a Python " +
             "that has the pystatestore package installed.", e)
     }
+
+    // Port and token go over the worker's stdin, which stays open as its lifeline: never on its
+    // command line (visible to `ps`) nor in its environment (readable in /proc/<pid>/environ).
+    try {
+      val stdin = process.getOutputStream
+      stdin.write(s"""{"port": ${server.getListeningPort}, "token": "$token"}\n""".getBytes(StandardCharsets.UTF_8))
+      stdin.flush()
+    } catch { case NonFatal(_) => } // a worker that exited at once is reported below with its log
 
     val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(spec.startTimeoutMs)
     var service: Option[PythonStateService] = None
@@ -240,8 +393,31 @@ object StateWorker extends Logging {
         null)
     }
     val worker = new RunningWorker(generations, process, logFile, exchangeDir, server, service.get)
+    checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at $logFile")
     worker
+  }
+
+  /** Refuses a worker from another pystatestore release: it would misread our calls. */
+  private def checkProtocol(worker: RunningWorker, spec: WorkerLaunchSpec): Unit = {
+    val hello = try call(worker, "the start-up handshake", spec.copy(callTimeoutMs = spec.startTimeoutMs))(
+      _.hello()) catch {
+      case NonFatal(e) =>
+        worker.shutdown()
+        throw e
+    }
+    val protocol = (hello \ "protocol").extractOrElse[Int](-1)
+    if (protocol != ProtocolVersion) {
+      worker.shutdown()
+      val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
+      throw new StateWorkerDiedException(
+        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') runs pystatestore " +
+          s"$theirs, which speaks protocol $protocol; this jar (pystatestore ${Release.Version}) speaks " +
+          s"protocol $ProtocolVersion. Install pystatestore ${Release.Version} for that Python, or point " +
+          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath at a Python " +
+          "that has it (pystatestore.configure_spark sets both to the Python that configured the session).",
+        null)
+    }
   }
 
   private def tail(file: File, maxBytes: Int = 4000): String = try {

@@ -1,0 +1,65 @@
+"""Fault injection for tests: enabled only by the PYSTATESTORE_TEST_FAULTS environment variable,
+which tests set on the processes they start, never by a Spark or pystatestore conf.
+
+The variable holds a JSON list of rules; each applies to stores whose directory contains `store`:
+    {"store": "hang-me", "point": "commit:uploaded", "action": "sleep", "seconds": 30, "times": 1}
+Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "exit" (the worker dies at once).
+Points are the backends' fault points (commit:applied, upload:file, restore:file, gc:deleted, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .backends import StateBackend
+
+ENV = "PYSTATESTORE_TEST_FAULTS"
+log = logging.getLogger("pystatestore.faults")
+_lock = threading.Lock()
+_fired: dict[int, int] = {}  # rule index -> times fired in this worker process
+
+
+class InjectedFaultError(OSError):
+    """A failure injected by a test."""
+
+
+def _rules() -> list[dict[str, Any]]:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return []
+    rules = json.loads(raw)
+    if not isinstance(rules, list):
+        raise ValueError(f"{ENV} must hold a JSON list of rules")
+    return rules
+
+
+def install(backend: StateBackend) -> None:
+    """Attaches the matching rules' hook to `backend`; nothing happens without the variable. Each
+    rule fires at most `times` times per worker process, whichever backend instance reaches it."""
+    rules = [(i, r) for i, r in enumerate(_rules()) if str(r.get("store", "")) in backend.ctx.store_dir]
+    if not rules:
+        return
+
+    def hook(point: str) -> None:
+        for i, rule in rules:
+            if rule.get("point") != point:
+                continue
+            with _lock:
+                if _fired.get(i, 0) >= int(rule.get("times", 1)):
+                    continue
+                _fired[i] = _fired.get(i, 0) + 1
+            action = rule.get("action")
+            log.warning("injecting %s at %s for store %s", action, point, backend.ctx.store_dir)
+            if action == "sleep":
+                time.sleep(float(rule.get("seconds", 1)))
+            elif action == "fail":
+                raise InjectedFaultError(f"injected failure at {point}")
+            elif action == "exit":
+                os._exit(17)
+
+    backend.fault_hook = hook

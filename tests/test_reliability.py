@@ -1,0 +1,475 @@
+"""Reliability and security below Spark: tampered names, mismatched backends and stores, foreign
+checkpoints, commit leases against GC, atomic manifests without an overwriting rename, race-free
+directory removal, bounded waits in the service, and nothing left behind by failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from backend_support import changes, make_backend, state_of
+from pystatestore import frames
+from pystatestore.backends import StateBackend
+from pystatestore.errors import (
+    BaseVersionReplacedError,
+    CheckpointDamagedError,
+    CheckpointMissingError,
+    InvalidPathError,
+    StoreConfigError,
+)
+from pystatestore.leases import LeaseLostError, validate_grace
+from pystatestore.remote import RemoteStore
+from pystatestore.service import StoreService
+
+BACKENDS = ["memory", "rocksdb"]
+FAR_FUTURE = 1e12
+
+
+def manifest_file(store: Path, version: int) -> Path:
+    return store / "manifests" / f"{version}.json"
+
+
+def edit_manifest(store: Path, version: int, edit) -> None:  # noqa: ANN001
+    path = manifest_file(store, version)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# -- defect 1: names from a manifest become local file names ----------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", ["../../../escaped", "/tmp/escaped-abs", "sub/escaped", "..", ".hidden", "a\\b"])
+def test_a_tampered_file_name_is_refused_before_anything_is_written(tmp_path: Path, backend: str, bad: str) -> None:
+    store = tmp_path / "ckpt" / "state" / "0" / "1"
+    make_backend(backend, store, tmp_path / "w1").commit(0, changes({b"k": b"v" * 100}), "t")
+
+    def rename_first(doc: dict) -> None:
+        name, ref = next(iter(doc["private"].items()))
+        del doc["private"][name]
+        doc["private"][bad] = ref
+
+    edit_manifest(store, 1, rename_first)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    before = tree(tmp_path)
+    fresh = make_backend(backend, store, outside / "work", options={"localRecovery": "false"})
+    with pytest.raises(InvalidPathError) as e:
+        fresh.load(1)
+    assert "manifests/1.json" in str(e.value) or bad in str(e.value)
+    assert "version: 1" in str(e.value)
+    fresh.close()
+    after = tree(tmp_path)
+    assert set(after) == set(before), f"files appeared or vanished: {set(after) ^ set(before)}"
+    assert not Path("/tmp/escaped-abs").exists()
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", "/etc/passwd", "private/../../x", "a//b", "c:/x"])
+def test_manifest_paths_outside_the_store_are_refused(tmp_path: Path, bad: str) -> None:
+    store = tmp_path / "store"
+    make_backend("memory", store, tmp_path / "w").commit(0, changes({b"a": b"1"}), "t")
+    edit_manifest(store, 1, lambda doc: doc["private"]["snapshot.arrow"].__setitem__("path", bad))
+    with pytest.raises(InvalidPathError):
+        make_backend("memory", store, tmp_path / "w2").load(1)
+
+
+def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> None:
+    store, victim_dir = tmp_path / "store", tmp_path / "precious"
+    victim_dir.mkdir()
+    (victim_dir / "data").write_text("keep")
+    b = make_backend("memory", store, tmp_path / "w", retain=0)
+    for v in range(1, 4):
+        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+    # a tampered checkpoint: a directory link and a file link into somewhere precious
+    os.symlink(victim_dir, store / "private" / "1-0123456789abcdef0123456789abcdef")
+    (store / "shared").mkdir()
+    os.symlink(victim_dir / "data", store / "shared" / "0123456789abcdef0123456789abcdef-000009.sst")
+    b.maintenance(now=FAR_FUTURE)
+    assert (victim_dir / "data").read_text() == "keep"
+
+
+# -- defect 2: a manifest must belong to this backend and this store ---------------------------------
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("memory", "rocksdb"), ("rocksdb", "memory")])
+def test_a_checkpoint_of_another_backend_is_refused_naming_both(tmp_path: Path, writer: str, reader: str) -> None:
+    store = tmp_path / "store"
+    w = make_backend(writer, store, tmp_path / "w")
+    for v in range(1, 4):
+        w.commit(v - 1, changes({b"count": str(v).encode()}), "t")
+    before = tree(store)
+    r = make_backend(reader, store, tmp_path / "r", options={"localRecovery": "false"})
+    for call in (lambda: r.load(3), lambda: r.commit(3, changes({b"count": b"4"}), "t")):
+        with pytest.raises(StoreConfigError) as e:
+            call()
+        msg = str(e.value)
+        assert f"'{writer}'" in msg and f"'{reader}'" in msg, msg
+        assert f"spark.sql.streaming.stateStore.pystatestore.backend={writer}" in msg, msg
+    assert tree(store) == before  # nothing written, nothing deleted
+
+
+def test_a_manifest_of_another_store_is_refused(tmp_path: Path) -> None:
+    a, b = tmp_path / "state" / "0" / "1", tmp_path / "state" / "0" / "2"
+    make_backend("rocksdb", a, tmp_path / "w").commit(0, changes({b"k": b"a"}), "t")
+    shutil.copytree(a, b)  # a store directory copied over another partition's
+    other = make_backend("rocksdb", b, tmp_path / "w2", options={"localRecovery": "false"})
+    other.ctx = type(other.ctx)(**{**other.ctx.__dict__, "partition_id": 2})
+    with pytest.raises(CheckpointDamagedError, match="partition 1"):
+        other.load(1)
+
+
+def test_a_foreign_providers_checkpoint_is_named(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "1.delta").write_bytes(b"spark hdfs provider delta")
+    with pytest.raises(CheckpointMissingError, match="HDFSBackedStateStoreProvider") as e:
+        make_backend("rocksdb", store, tmp_path / "w").load(1)
+    assert "providerClass" in str(e.value)
+
+
+def test_a_restored_db_never_opens_empty_when_the_manifest_has_keys(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    make_backend("rocksdb", store, tmp_path / "w").commit(0, changes({b"k": b"v"}), "t")
+
+    def drop_rocksdb_metadata(doc: dict) -> None:
+        for name in [n for n in doc["private"] if n == "CURRENT" or n.startswith("MANIFEST-")]:
+            del doc["private"][name]
+
+    edit_manifest(store, 1, drop_rocksdb_metadata)
+    fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
+    with pytest.raises(CheckpointDamagedError, match="version: 1"):
+        fresh.load(1)
+    assert not list(fresh.work_dir.glob("db-1-*")), "a failed restore left its directory behind"
+
+
+def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "w")
+    b.commit(0, changes({b"k": b"v"}), "t1")
+    b.commit(1, changes(deletes=[b"k"]), "t2")  # version 2 is a real, empty database
+    edit_manifest(store, 2, lambda doc: doc.__setitem__("num_keys", 5))
+    fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
+    with pytest.raises(CheckpointDamagedError, match="holds 5 keys"):
+        fresh.load(2)
+
+
+def test_a_failed_restore_leaves_no_directory(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    make_backend("rocksdb", store, tmp_path / "w").commit(0, changes({b"k": b"v" * 5000}), "t")
+    sst = next((store / "shared").iterdir())
+    sst.write_bytes(sst.read_bytes()[:-1] + bytes([sst.read_bytes()[-1] ^ 1]))
+    fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
+    with pytest.raises(CheckpointDamagedError):
+        fresh.load(1)
+    assert [p.name for p in fresh.work_dir.iterdir()] == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_commit_on_a_replaced_attempt_of_its_base_is_refused(tmp_path: Path, backend: str) -> None:
+    store = tmp_path / "store"
+    a = make_backend(backend, store, tmp_path / "a")
+    a.commit(0, changes({b"k": b"1"}), "t1")
+    mine = a.commit(1, changes({b"k": b"a"}), "attempt-a")
+    b = make_backend(backend, store, tmp_path / "b")
+    theirs = b.commit(1, changes({b"k": b"b"}), "attempt-b")  # replaces version 2
+    with pytest.raises(BaseVersionReplacedError, match="version: 2"):
+        a.commit(2, changes({b"x": b"1"}), "t3", mine.manifest_id)
+    assert not manifest_file(store, 3).exists()
+    a.commit(2, changes({b"x": b"1"}), "t3-retry", theirs.manifest_id)
+    assert state_of(make_backend(backend, store, tmp_path / "c"), 3) == {b"k": b"b", b"x": b"1"}
+
+
+# -- defect 3: removing empty directories never loses a file written meanwhile -----------------------
+
+
+def test_gc_keeps_a_file_written_into_a_directory_it_found_empty(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    store = tmp_path / "store"
+    b = make_backend("memory", store, tmp_path / "w", retain=0)
+    for v in range(1, 4):
+        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+    late = store / "private" / "1-0123456789abcdef0123456789abcdef" / "late-upload"
+    late.parent.mkdir()
+    os.utime(late.parent, (1, 1))  # an old, empty directory of a dead attempt...
+    real_list_dirs = RemoteStore.list_dirs
+
+    def list_then_upload(self: RemoteStore, rel: str):  # noqa: ANN202
+        found = real_list_dirs(self, rel)
+        late.write_text("uploaded after GC listed the directory")  # ...that another attempt writes into now
+        return found
+
+    monkeypatch.setattr(RemoteStore, "list_dirs", list_then_upload)
+    b.maintenance(now=FAR_FUTURE)
+    assert late.read_text().startswith("uploaded after")
+
+
+def test_gc_removes_the_empty_directories_of_collected_versions(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    b = make_backend("memory", store, tmp_path / "w", retain=1)
+    for v in range(1, 6):
+        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+    b.maintenance()
+    assert sorted(p.name.split("-")[0] for p in (store / "private").iterdir()) == ["4", "5"]
+
+
+# -- defect 4: orphan grace cannot be outrun by a slow commit ----------------------------------------
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf", "9.5"])
+def test_absurd_grace_settings_are_refused(value: str) -> None:
+    with pytest.raises(StoreConfigError, match="orphanGraceSeconds"):
+        validate_grace(value, store="file:/s")
+
+
+def test_a_commit_slower_than_the_grace_keeps_its_files(tmp_path: Path) -> None:
+    """Another instance runs GC, far enough in the future that the first uploads are older than the
+    grace, while a slow commit is between uploading and publishing: its lease keeps its files."""
+    store = tmp_path / "store"
+    grace = 10.0
+    slow = make_backend("rocksdb", store, tmp_path / "slow", grace=grace)
+    slow.commit(0, changes({b"a": b"1"}), "t1")
+    other = make_backend("rocksdb", store, tmp_path / "other", grace=grace)
+
+    def stall_then_let_gc_run(point: str) -> None:
+        if point == "commit:uploaded":
+            time.sleep(grace / 4 + 0.6)  # long enough for the lease to be written
+            other.maintenance(now=time.time() + grace - 1)  # the uploads look grace + 0.6 s old
+
+    slow.fault_hook = stall_then_let_gc_run
+    slow.commit(1, changes({f"k{i}".encode(): b"x" * 50 for i in range(2000)}), "t2")
+    reader = make_backend("rocksdb", store, tmp_path / "reader", options={"localRecovery": "false"})
+    assert len(state_of(reader, 2)) == 2001
+
+
+def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "w", grace=10.0)
+    b.commit(0, changes({b"a": b"1"}), "t1")
+    offset = [0.0]
+    b.clock = lambda: time.time() + offset[0]
+
+    def freeze(point: str) -> None:
+        if point == "commit:uploaded":
+            offset[0] += 20  # the process was stopped for 20 s: GC elsewhere may have run
+            other = make_backend("rocksdb", store, tmp_path / "o", grace=10.0)
+            other.maintenance(now=time.time() + 20)
+
+    b.fault_hook = freeze
+    with pytest.raises(LeaseLostError, match="version: 2"):
+        b.commit(1, changes({b"b": b"2"}), "t2")
+    assert not manifest_file(store, 2).exists()
+    assert state_of(make_backend("rocksdb", store, tmp_path / "r"), 1) == {b"a": b"1"}
+
+
+# -- defect 5: manifests are atomic where rename cannot replace a file (HDFS) ------------------------
+
+
+class NoReplaceRename(pafs.FileSystemHandler):
+    """The local filesystem, but `move` refuses an existing destination, as HDFS's rename does;
+    `fail_moves` makes the next moves fail, as a crash between two renames would."""
+
+    def __init__(self) -> None:
+        self.local = pafs.LocalFileSystem()
+        self.fail_moves = 0
+
+    def get_type_name(self) -> str:
+        return "no-replace"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths):  # noqa: ANN001, ANN201
+        return self.local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):  # noqa: ANN001, ANN201
+        return self.local.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.local.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError("not allowed")
+
+    def delete_file(self, path: str) -> None:
+        self.local.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        if self.fail_moves:
+            self.fail_moves -= 1
+            raise OSError("crash")
+        if os.path.exists(dest):
+            raise OSError(f"rename {src} -> {dest}: destination exists")
+        self.local.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.local.copy_file(src, dest)
+
+    def open_input_stream(self, path: str):  # noqa: ANN201
+        return self.local.open_input_stream(path)
+
+    def open_input_file(self, path: str):  # noqa: ANN201
+        return self.local.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata):  # noqa: ANN001, ANN201
+        return self.local.open_output_stream(path)
+
+    def open_append_stream(self, path: str, metadata):  # noqa: ANN001, ANN201
+        return self.local.open_append_stream(path)
+
+
+def hdfs_like_backend(store: Path, local: Path, handler: NoReplaceRename) -> StateBackend:
+    b = make_backend("memory", store, local)
+    b.remote = RemoteStore(f"file:{store}", fs=pafs.PyFileSystem(handler), root=str(store))
+    assert not b.remote.is_local and not b.remote.object_store
+    return b
+
+
+def test_manifest_replace_works_without_an_overwriting_rename(tmp_path: Path) -> None:
+    store, handler = tmp_path / "store", NoReplaceRename()
+    b = hdfs_like_backend(store, tmp_path / "w", handler)
+    b.commit(0, changes({b"k": b"first"}), "attempt-1")
+    b.commit(0, changes({b"k": b"retry"}), "attempt-2")  # Spark retries version 1: the last one wins
+    assert state_of(hdfs_like_backend(store, tmp_path / "r", handler), 1) == {b"k": b"retry"}
+    assert not [p for p in (store / "manifests").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_crash_between_the_two_renames_loses_nothing(tmp_path: Path) -> None:
+    store, handler = tmp_path / "store", NoReplaceRename()
+    b = hdfs_like_backend(store, tmp_path / "w", handler)
+    b.commit(0, changes({b"k": b"first"}), "attempt-1")
+    real_move = handler.move
+    moves = []
+
+    def crash_on_second_move(src: str, dest: str) -> None:
+        moves.append(dest)
+        if len(moves) == 3:  # tmp -> final failed (exists), final -> aside done; now the crash
+            raise OSError("worker died")
+        real_move(src, dest)
+
+    handler.move = crash_on_second_move
+    with pytest.raises(OSError, match="worker died"):
+        b.commit(0, changes({b"k": b"retry"}), "attempt-2")
+    handler.move = real_move
+    assert not manifest_file(store, 1).exists()
+    reader = hdfs_like_backend(store, tmp_path / "r", handler)
+    assert state_of(reader, 1) == {b"k": b"first"}  # the set-aside manifest is still the version
+    reader.maintenance(now=FAR_FUTURE)  # ... and GC keeps what it references
+    assert state_of(hdfs_like_backend(store, tmp_path / "r2", handler), 1) == {b"k": b"first"}
+    b.commit(0, changes({b"k": b"again"}), "attempt-3")
+    reader.maintenance(now=FAR_FUTURE)
+    assert not [p for p in (store / "manifests").iterdir() if p.name.startswith(".replaced-")]
+    assert state_of(hdfs_like_backend(store, tmp_path / "r3", handler), 1) == {b"k": b"again"}
+
+
+# -- defect 6 (worker side): a store busy with a stuck call answers, and names the call -------------
+
+
+def store_json(store: Path, local: Path, instance: str, **options: str) -> str:
+    return json.dumps(
+        {
+            "storeDir": f"file:{store}",
+            "instanceId": instance,
+            "operatorId": 0,
+            "partitionId": 0,
+            "storeName": "default",
+            "keySchema": "k",
+            "valueSchema": "v",
+            "minVersionsToRetain": 10,
+            "localDir": str(local),
+            "options": {"localRecoveryDir": str(local / "rec"), **options},
+        }
+    )
+
+
+def test_a_call_waiting_for_a_stuck_store_gives_up_and_names_the_holder(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = json.loads(service.openStore(store_json(tmp_path / "s", tmp_path / "l", "i1", callTimeoutMs="1500")))[
+        "handle"
+    ]
+    backend = service._stores[handle].backend
+    release = threading.Event()
+    backend.fault_hook = lambda point: release.wait(30) if point == "commit:uploaded" else None
+    frame = tmp_path / "changes.arrow"
+    frames.write_buffer(str(frame), _frame_bytes())
+    stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a"), daemon=True)
+    stuck.start()
+    time.sleep(0.5)
+    started = time.time()
+    reply = json.loads(service.maintenance(handle))
+    assert time.time() - started < 10
+    assert "busy with commit of version 1" in reply["error"]["message"], reply
+    release.set()
+    stuck.join(30)
+
+
+def _frame_bytes() -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    table = changes({b"k": b"v"})
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def test_reopening_a_store_closes_the_backend_it_replaces(tmp_path: Path) -> None:
+    service = StoreService()
+    h1 = json.loads(service.openStore(store_json(tmp_path / "s", tmp_path / "l", "i1")))["handle"]
+    old_work = service._stores[h1].backend.work_dir
+    assert old_work.exists()
+    h2 = json.loads(
+        service.openStore(
+            json.dumps({**json.loads(store_json(tmp_path / "s", tmp_path / "l", "i2")), "replacesHandle": h1})
+        )
+    )["handle"]
+    assert h2 != h1 and h1 not in service._stores
+    deadline = time.time() + 10
+    while old_work.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not old_work.exists(), "the replaced backend was not closed"
+    # the same handle opened with other options also replaces (and closes) its backend
+    work2 = service._stores[h2].backend.work_dir
+    service.openStore(
+        json.dumps(
+            {**json.loads(store_json(tmp_path / "s", tmp_path / "l", "i2")), "options": {"transferThreads": "2"}}
+        )
+    )
+    deadline = time.time() + 10
+    while work2.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not work2.exists()
+    service.close_all()
+
+
+def test_close_all_closes_every_store(tmp_path: Path) -> None:
+    service = StoreService()
+    handles = [
+        json.loads(service.openStore(store_json(tmp_path / f"s{i}", tmp_path / "l", f"i{i}")))["handle"]
+        for i in range(3)
+    ]
+    works = [service._stores[h].backend.work_dir for h in handles]
+    service.close_all()
+    assert not any(w.exists() for w in works)
+
+
+def test_a_bad_grace_is_refused_when_the_store_opens(tmp_path: Path) -> None:
+    reply = json.loads(
+        StoreService().openStore(store_json(tmp_path / "s", tmp_path / "l", "i", orphanGraceSeconds="1"))
+    )
+    assert "orphanGraceSeconds='1'" in reply["error"]["message"]
