@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from pystatestore.service import StoreService
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, run_with_restart, start_session, write_input_files
 from test_e2e import aggregation
 
@@ -60,6 +61,34 @@ def restart_error(spark: SparkSession, input_dir: Path, ckpt: Path) -> str:
     return str(e.value)
 
 
+def age_everything(root: Path, seconds: float) -> None:
+    for p in root.rglob("*"):
+        st = p.stat()
+        os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def run_store_gc(store: Path, local: Path, retain: int) -> dict:
+    """What the next writer's maintenance does to this store: the worker's own service, no Spark."""
+    service = StoreService()
+    desc = {
+        "storeDir": f"file:{store}",
+        "instanceId": "gc",
+        "operatorId": 0,
+        "partitionId": int(store.name),
+        "storeName": "default",
+        "keySchema": "",
+        "valueSchema": "",
+        "minVersionsToRetain": retain,
+        "localDir": str(local),
+        "options": {"localRecovery": "false"},
+    }
+    handle = json.loads(service.openStore(json.dumps(desc)))["handle"]
+    try:
+        return json.loads(service.maintenance(handle))
+    finally:
+        service.close_all()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
     spark: SparkSession, tmp_path: Path, damage: str
@@ -69,12 +98,19 @@ def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
     manifest = store / "manifests" / "2.json"
     data = manifest.read_bytes()
     manifest.write_bytes(data[: len(data) // 3] if damage == "truncate" else b"\x00\xff not json")
-    before = snapshot_tree(ckpt / "state")
+    before, everything_before = snapshot_tree(store), snapshot_tree(ckpt / "state")
     message = restart_error(spark, input_dir, ckpt)
     assert str(store) in message and "version: 2" in message and "manifests/2.json" in message, message
-    after = snapshot_tree(ckpt / "state")
-    assert set(before) <= set(after), f"files were deleted: {set(before) - set(after)}"
-    assert all(after[k] == v for k, v in before.items())
+    assert snapshot_tree(store) == before, "the failed restart changed the damaged store"
+    everything_after = snapshot_tree(ckpt / "state")  # other partitions may have committed, not lost
+    assert all(everything_after.get(k) == v for k, v in everything_before.items())
+    # Garbage collection on the damaged store, with retention as tight as it goes and every file
+    # past the grace period: what version 2 needs is unknown, so no data file may go; only the
+    # manifest of version 1, below the retained range, may.
+    age_everything(store, 3600)
+    report = run_store_gc(store, tmp_path / "gc", retain=0)
+    assert report.get("deletedManifests") == 1, report
+    assert snapshot_tree(store) == {k: v for k, v in before.items() if k != "manifests/1.json"}
 
 
 def delete_a_file_of_version_2(ckpt: Path) -> tuple[Path, str]:
@@ -142,3 +178,50 @@ def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_p
     assert len(killed) == 2, f"the fault was not injected: {killed}"
     assert jvm.org.pystatestore.StateWorker.currentWorker().get().pid() not in killed
     assert actual == expected
+
+
+def test_a_checkpoint_of_the_memory_backend_is_refused_by_the_rocksdb_backend(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A query run with backend=memory and restarted with the default backend used to carry on with
+    empty state (counts from 1 again). It must stop and say which conf keeps the checkpoint usable."""
+    spark.conf.set(CONF + "backend", "memory")
+    try:
+        input_dir, ckpt = first_phase(spark, tmp_path)
+    finally:
+        spark.conf.unset(CONF + "backend")
+    before = snapshot_tree(ckpt / "state")
+    message = restart_error(spark, input_dir, ckpt)
+    assert "'memory' backend" in message and "'rocksdb' backend" in message, message
+    assert CONF + "backend=memory" in message, message
+    assert snapshot_tree(ckpt / "state") == before
+    spark.conf.set(CONF + "backend", "memory")  # with the conf the message names, the query resumes
+    try:
+        run_ours(spark, input_dir, ckpt)
+    finally:
+        spark.conf.unset(CONF + "backend")
+
+
+@pytest.mark.parametrize("form", ["absolute", "relative"])
+def test_a_tampered_file_name_never_writes_outside_the_checkpoint(
+    spark: SparkSession, tmp_path: Path, form: str
+) -> None:
+    """A manifest whose logical file name points elsewhere (absolute, or enough `..` to climb out of
+    whatever local directory the worker restores into) used to make the restart write that file
+    there, and then carry on without error."""
+    spark.conf.set(CONF + "localRecovery", "false")
+    target = tmp_path / "escaped-file"
+    bad_name = str(target) if form == "absolute" else "../" * 40 + str(target).lstrip("/")
+    try:
+        input_dir, ckpt = first_phase(spark, tmp_path)
+        for m in (ckpt / "state" / "0").glob("*/manifests/2.json"):
+            doc = json.loads(m.read_text())
+            name, ref = next(iter(doc["private"].items()))
+            del doc["private"][name]
+            doc["private"][bad_name] = ref
+            m.write_text(json.dumps(doc))
+        message = restart_error(spark, input_dir, ckpt)
+    finally:
+        spark.conf.unset(CONF + "localRecovery")
+    assert not target.exists(), "a tampered manifest made the restart write outside the checkpoint"
+    assert "is not a plain file name" in message and "manifests/2.json" in message, message
