@@ -76,13 +76,13 @@ def state_store_bytes(state_dir: Path, since: float) -> int:
     )
 
 
-def bench_session(app: str, **conf: str) -> SparkSession:
-    """local[2] with PARTITIONS shuffle partitions, no UI, and no maintenance during the run, so
+def bench_session(app: str, partitions: int = PARTITIONS, **conf: str) -> SparkSession:
+    """local[2] with `partitions` shuffle partitions, no UI, and no maintenance during the run, so
     every provider keeps all the files it wrote and checkpoint sizes compare like for like."""
     builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
-        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+        .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
@@ -112,7 +112,9 @@ def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> l
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) -> dict[str, float]:
+def run_provider(
+    spark: SparkSession, name: str, input_dir: Path, work: Path, partitions: int = PARTITIONS
+) -> dict[str, float]:
     provider, backend = RUNS[name]
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
     if backend:
@@ -122,7 +124,7 @@ def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) ->
     progress = run_aggregation(spark, input_dir, checkpoint)
     steady = progress[1 + WARMUP_BATCHES :]
     batch_ms = [p["durationMs"]["triggerExecution"] for p in steady]
-    commit_ms = [p["stateOperators"][0]["commitTimeMs"] / PARTITIONS for p in steady]
+    commit_ms = [p["stateOperators"][0]["commitTimeMs"] / partitions for p in steady]
     first_steady = dt.datetime.fromisoformat(steady[0]["timestamp"].replace("Z", "+00:00")).timestamp()
     written = state_store_bytes(checkpoint / "state", first_steady - 0.5)
     result = {
@@ -136,7 +138,7 @@ def run_provider(spark: SparkSession, name: str, input_dir: Path, work: Path) ->
     if provider == OURS:
         custom = [p["stateOperators"][0]["customMetrics"] for p in steady]
         for _, key in BREAKDOWN:
-            result[key] = statistics.median(c.get(key, 0) / PARTITIONS for c in custom)
+            result[key] = statistics.median(c.get(key, 0) / partitions for c in custom)
         result["files_uploaded"] = statistics.median(c["pystatestoreFilesUploaded"] for c in custom)
         result["files_reused"] = statistics.median(c["pystatestoreFilesReused"] for c in custom)
     return result
@@ -147,14 +149,15 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--touched-pct", type=float, default=1.0)
     ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--partitions", type=int, default=PARTITIONS, help="shuffle partitions (Spark's default: 200)")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
     touched = max(1, int(args.keys * args.touched_pct / 100))
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
 
-    spark = bench_session("pystatestore-bench")
-    results = {name: run_provider(spark, name, work / "input", work) for name in RUNS}
+    spark = bench_session("pystatestore-bench", args.partitions)
+    results = {name: run_provider(spark, name, work / "input", work, args.partitions) for name in RUNS}
     spark_version = spark.version
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
@@ -162,9 +165,9 @@ def main() -> None:
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: .venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
-        f"--batches {args.batches}",
+        f"--batches {args.batches} --partitions {args.partitions}",
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"Spark {spark_version}, local[2], {PARTITIONS} partitions",
+        f"Spark {spark_version}, local[2], {args.partitions} partitions",
         f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}",
         "",

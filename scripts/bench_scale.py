@@ -1,0 +1,399 @@
+"""Benchmark: state larger than the heap. Spark's RocksDB provider and pystatestore on one workload,
+each in its own JVM, in one run.
+
+Workload (issue 8): `groupBy("k").count()` in update mode whose key space grows by N new keys per
+micro-batch (one parquet file per batch through the file source), B batches, `local[2]`, a small
+driver heap; then the query is stopped and restarted, and the restarted query runs one small batch
+(half known keys, half new) that must first restore the whole state.
+
+Each provider runs in a child process with its own driver JVM. The parent samples the resident
+memory (RSS) of that JVM and all its descendants (pystatestore's Python worker, PySpark's workers)
+every 100 ms. Reported per provider: whether it completed, keys in state, median batch time, peak
+RSS, and the restart batch time; then ratios to Spark's RocksDB provider.
+
+    .venv/bin/python scripts/bench_scale.py [--keys-per-batch 1000000] [--batches 8]
+        [--driver-memory 1g] [--partitions 4] [--providers spark-rocksdb,pss-rocksdb] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CONF = "spark.sql.streaming.stateStore.pystatestore."
+PROVIDERS = {
+    "spark-rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", {}),
+    "spark-hdfs": ("org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", {}),
+    "pss-rocksdb": ("org.pystatestore.PythonStateStoreProvider", {CONF + "backend": "rocksdb"}),
+}
+BASELINE = "spark-rocksdb"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# -- input ------------------------------------------------------------------------------------
+def write_file(input_dir: Path, index: int, keys: pa.Array) -> None:
+    path = input_dir / f"f{index:04d}.parquet"
+    pq.write_table(pa.table({"k": keys}), path)
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # the file source orders by mtime
+
+
+def write_growth_inputs(input_dir: Path, per_batch: int, batches: int) -> None:
+    input_dir.mkdir(parents=True)
+    for b in range(batches):
+        write_file(input_dir, b, pa.array(range(b * per_batch, (b + 1) * per_batch), pa.int64()))
+
+
+def write_restart_input(input_dir: Path, per_batch: int, batches: int, rows: int = 10_000) -> None:
+    known = range(0, per_batch * batches, max(1, per_batch * batches // (rows // 2)))[: rows // 2]
+    new = range(per_batch * batches, per_batch * batches + rows // 2)
+    write_file(input_dir, batches, pa.array([*known, *new], pa.int64()))
+
+
+# -- memory -----------------------------------------------------------------------------------
+def children_of() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(proc.name))
+    return tree
+
+
+def subtree(root: int) -> list[int]:
+    tree, out, stack = children_of(), [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(tree.get(pid, []))
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "statm").read_text().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def kind_of(pid: int) -> str:
+    """'jvm', 'worker' (pystatestore's state worker) or 'python' (PySpark's workers, others)."""
+    if _is_java(pid):
+        return "jvm"
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "python"
+    return "worker" if b"pystatestore.worker" in argv else "python"
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of the JVMs started by `parent` (a child process) and all their descendants, and
+    how that peak split between the JVM, pystatestore's worker and other processes."""
+
+    def __init__(self, parent: int, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.parent, self.interval = parent, interval
+        self.peak = 0
+        self.peak_split: dict[str, int] = {}
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            # The driver JVM is a direct child of the bench's child process (spark-submit execs java).
+            jvms = [p for p in children_of().get(self.parent, []) if _is_java(p)]
+            split: dict[str, int] = {}
+            for jvm in jvms:
+                for p in subtree(jvm):
+                    kind = kind_of(p)
+                    if p != jvm and kind == "jvm":
+                        # A child of the JVM that still looks like a JVM is one being spawned (it
+                        # shares the JVM's memory until it execs): counting it would double the JVM.
+                        continue
+                    split[kind] = split.get(kind, 0) + rss_bytes(p)
+            total = sum(split.values())
+            if total > self.peak:
+                self.peak, self.peak_split = total, split
+            self.stop_event.wait(self.interval)
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("java")
+    except OSError:
+        return False
+
+
+# -- one provider, in a child process ------------------------------------------------------------
+def child(args: argparse.Namespace) -> None:
+    """Runs the workload for one provider in this process's own driver JVM; prints a JSON line."""
+    from pyspark.sql import SparkSession
+
+    import pystatestore
+
+    provider, extra = PROVIDERS[args.child]
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"bench-scale-{args.child}")
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.providerClass", provider)
+    )
+    if args.driver_java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", args.driver_java_options)
+    for k, v in extra.items():
+        builder = builder.config(k, v)
+    spark = pystatestore.configure_spark(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+    input_dir, checkpoint = Path(args.input), Path(args.checkpoint)
+    result: dict = {"provider": args.child, "completed": False, "batch_ms": [], "restart_ms": None}
+
+    def run(seen: list[dict]) -> None:
+        """Runs the query over all input; appends each batch's progress to `seen` as it completes,
+        so a provider that fails part-way still reports how far it got."""
+        df = spark.readStream.schema("k long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+        query = (
+            df.groupBy("k")
+            .count()
+            .writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        ids: set[int] = set()
+
+        def collect() -> None:
+            for p in query.recentProgress:
+                if p["numInputRows"] > 0 and p["batchId"] not in ids:
+                    ids.add(p["batchId"])
+                    seen.append(p)
+                    print(f"BATCH {p['durationMs']['triggerExecution']}", flush=True)  # survives a kill
+
+        while query.isActive:
+            collect()
+            time.sleep(0.5)
+        collect()
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()).splitlines()[0][:500])
+
+    progress: list[dict] = []
+    try:
+        run(progress)
+    except Exception as e:  # noqa: BLE001 - a provider that fails is a result, reported as such
+        result["error"] = str(e)[:500]
+    result["batch_ms"] = [p["durationMs"]["triggerExecution"] for p in progress]
+    result["keys"] = progress[-1]["stateOperators"][0]["numRowsTotal"] if progress else 0
+    if "error" not in result:
+        try:
+            restarted: list[dict] = []
+            write_restart_input(input_dir, args.keys_per_batch, args.batches)
+            run(restarted)
+            result["restart_ms"] = restarted[0]["durationMs"]["triggerExecution"]
+            result["keys_after_restart"] = restarted[0]["stateOperators"][0]["numRowsTotal"]
+            result["completed"] = True
+        except Exception as e:  # noqa: BLE001
+            result["error"] = f"after the restart: {str(e)[:500]}"
+    print("RESULT " + json.dumps(result), flush=True)
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001 - a JVM that ran out of memory may not stop cleanly
+        pass
+
+
+# -- the run ------------------------------------------------------------------------------------
+def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
+    input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
+    shutil.rmtree(input_dir, ignore_errors=True)
+    shutil.rmtree(checkpoint, ignore_errors=True)  # every run starts from nothing
+    write_growth_inputs(input_dir, args.keys_per_batch, args.batches)
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--input",
+        str(input_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--keys-per-batch",
+        str(args.keys_per_batch),
+        "--batches",
+        str(args.batches),
+        "--driver-memory",
+        args.driver_memory,
+        "--partitions",
+        str(args.partitions),
+        f"--driver-java-options={args.driver_java_options}",
+    ]
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = RssSampler(proc.pid)
+    sampler.start()
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for pid in reversed(subtree(proc.pid)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        out, err = proc.communicate()
+    sampler.stop_event.set()
+    sampler.join()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"provider": name, "completed": False}
+    if not lines:
+        result["batch_ms"] = [int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("BATCH ")]
+    if timed_out:
+        result["error"] = f"did not finish within {args.timeout} s (killed)"
+    elif not lines:
+        tail = [ln for ln in (err or "").splitlines() if "Exception" in ln or "Error" in ln][-1:]
+        result["error"] = f"child exited {proc.returncode}: {tail}"
+    result["peak_rss"] = sampler.peak
+    result["peak_split"] = sampler.peak_split
+    result["wall_s"] = time.time() - started
+    shutil.rmtree(input_dir, ignore_errors=True)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return result
+
+
+def median_run(runs: list[dict]) -> dict:
+    """One provider's runs as one result: each measure is the median over the runs that completed
+    (peak RSS over all runs); the provider completed only if every run did."""
+    if len(runs) == 1:
+        return runs[0]
+    done = [r for r in runs if r["completed"]] or runs
+    merged = dict(done[0])
+    merged["completed"] = all(r["completed"] for r in runs)
+    merged["runs"] = len(runs)
+    merged["peak_rss"] = int(statistics.median(r["peak_rss"] for r in runs))
+    merged["peak_split"] = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"])).get("peak_split", {})
+    medians = [statistics.median(r["batch_ms"]) for r in done if r.get("batch_ms")]
+    if medians:
+        merged["batch_ms"] = [statistics.median(medians)]  # the median of the runs' median batch
+        merged["max_batch_ms"] = max(max(r["batch_ms"]) for r in done if r.get("batch_ms"))
+    restarts = [r["restart_ms"] for r in done if r.get("restart_ms")]
+    merged["restart_ms"] = statistics.median(restarts) if restarts else None
+    errors = [r["error"] for r in runs if r.get("error")]
+    if errors:
+        merged["error"] = errors[0]
+    return merged
+
+
+def fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
+    import pyspark
+
+    lines = [
+        f"# pystatestore scale bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"# command: {command}",
+        f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {pyspark.__version__}, local[2], "
+        f"{args.partitions} shuffle partitions, spark.driver.memory={args.driver_memory}",
+        f"# workload: groupBy(k).count(), {args.keys_per_batch:,} new keys per batch, {args.batches} batches, "
+        "then a restart and one batch of 10,000 rows (half known keys)",
+        "# memory: peak RSS of the driver JVM and all its descendants (Python workers included), sampled every 100 ms",
+        f"# each provider ran {args.repeat} time(s) in its own JVM; figures are medians over the runs",
+        "",
+        f"{'provider':<15}{'completed':>10}{'keys':>12}{'median batch ms':>17}{'max batch ms':>14}"
+        f"{'peak RSS MiB':>14}{'restart batch ms':>18}",
+    ]
+    for r in results:
+        batches = r.get("batch_ms") or []
+        median, slowest = (statistics.median(batches), r.get("max_batch_ms", max(batches))) if batches else (None, None)
+        lines.append(
+            f"{r['provider']:<15}{'yes' if r['completed'] else 'NO':>10}{r.get('keys', 0):>12,}"
+            f"{fmt_ms(median):>17}{fmt_ms(slowest):>14}"
+            f"{r['peak_rss'] / 2**20:>14,.0f}{fmt_ms(r.get('restart_ms')):>18}"
+        )
+        split = r.get("peak_split") or {}
+        if split:
+            parts = ", ".join(f"{kind} {size / 2**20:,.0f}" for kind, size in sorted(split.items()))
+            lines.append(f"  {r['provider']} at peak RSS (MiB): {parts}")
+        if r.get("error"):
+            lines.append(f"  {r['provider']} failed after {len(batches)} batches: {r['error'][:300]}")
+    base = next((r for r in results if r["provider"] == BASELINE), None)
+    if base is not None:
+        lines.append("")
+        for r in results:
+            if r is base:
+                continue
+            mine, theirs = r.get("batch_ms") or [], base.get("batch_ms") or []
+            ratios = [f"completes where {BASELINE} does: {'yes' if r['completed'] or not base['completed'] else 'NO'}"]
+            if base["peak_rss"]:
+                ratios.append(f"peak RSS {r['peak_rss'] / base['peak_rss']:.2f}x")
+            if mine and theirs and r["completed"]:
+                ratios.append(f"median batch {statistics.median(mine) / statistics.median(theirs):.2f}x")
+            if r.get("restart_ms") and base.get("restart_ms"):
+                ratios.append(f"restart batch {r['restart_ms'] / base['restart_ms']:.2f}x")
+            lines.append(f"{r['provider']} / {BASELINE}: " + ", ".join(ratios))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys-per-batch", type=int, default=1_000_000)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--driver-memory", default="1g")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--providers", default="spark-rocksdb,pss-rocksdb")
+    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per provider; medians are reported")
+    ap.add_argument("--driver-java-options", default="", help="extra JVM options of the driver (diagnostics)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON (for tests)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--input", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    command = "python scripts/bench_scale.py " + " ".join(sys.argv[1:])
+    work = Path(tempfile.mkdtemp(prefix="pss-bench-scale-"))
+    results = []
+    try:
+        for name in args.providers.split(","):
+            runs = []
+            for i in range(args.repeat):
+                print(f"bench_scale: running {name} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                runs.append(run_provider(name, args, work))
+            results.append(median_run(runs))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(results, args, command)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
