@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+import tempfile
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import rocksdict
 
 from pystatestore import frames
-from pystatestore.backends import BACKENDS, StateBackend, StoreContext
+from pystatestore.backends import BACKENDS, CommitResult, StateBackend, StoreContext
 from pystatestore.remote import RemoteStore
 
 
@@ -46,9 +51,79 @@ def make_backend(
         orphan_grace_seconds=grace,
         local_dir=str(local_dir),
         options=opts,
+        views_dir=str(Path(local_dir) / "views"),
+        host_dir=str(local_dir),
     )
+    Path(ctx.views_dir).mkdir(parents=True, exist_ok=True)
     return BACKENDS[name](ctx, RemoteStore(ctx.store_dir))
 
 
+def read_view(view_dir: str | Path) -> dict[bytes, bytes]:
+    """Every pair of a read view, read as the JVM reads it: the directory opened read-only."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(False)
+    db = rocksdict.Rdict(str(view_dir), opts, access_type=rocksdict.AccessType.read_only())
+    try:
+        return dict(db.items())
+    finally:
+        db.close()
+
+
 def state_of(backend: StateBackend, version: int) -> dict[bytes, bytes]:
-    return frames.buffer_to_state(backend.load(version).frame)
+    """The pairs of `version` as the JVM would see them: a frame, or a read view it opens."""
+    if backend.read_path == "frame":
+        return frames.buffer_to_state(backend.load(version).frame)
+    view = Path(backend.ctx.views_dir) / f"test-{uuid.uuid4().hex}"
+    try:
+        result = backend.load(version, str(view))
+        pairs = read_view(view)
+        assert result.num_keys == len(pairs), (
+            f"version {version}: manifest counts {result.num_keys}, view has {len(pairs)}"
+        )
+        return pairs
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+
+
+def count_after(backend: StateBackend, base_version: int, table: pa.Table) -> int:
+    """The key count of `base_version` with `table` applied, read through a separate instance (as
+    the JVM knows it from its reads), so `backend`'s own local state is left alone."""
+    if base_version == 0:
+        state: dict[bytes, bytes] = {}
+    else:
+        local = tempfile.mkdtemp(prefix="pss-count-")
+        ctx = dataclasses.replace(
+            backend.ctx,
+            local_dir=local,
+            views_dir=str(Path(local) / "views"),
+            options={**backend.ctx.options, "localRecovery": "false"},
+        )
+        Path(ctx.views_dir).mkdir()
+        reader = type(backend)(ctx, RemoteStore(ctx.store_dir))
+        try:
+            state = state_of(reader, base_version)
+        finally:
+            reader.close()
+            shutil.rmtree(local, ignore_errors=True)
+    frames.apply_changes(state, table)
+    return len(state)
+
+
+def commit(
+    backend: StateBackend,
+    base_version: int,
+    table: pa.Table,
+    attempt_id: str,
+    base_manifest_id: str | None = None,
+    *,
+    num_keys: int | None = None,
+) -> CommitResult:
+    """Commits as the JVM does: with the new version's key count and a view directory, which is
+    removed again (tests read versions through `state_of`)."""
+    if num_keys is None:
+        num_keys = count_after(backend, base_version, table)
+    view = Path(backend.ctx.views_dir) / f"commit-{uuid.uuid4().hex}"
+    try:
+        return backend.commit(base_version, table, attempt_id, base_manifest_id, num_keys=num_keys, view_dir=str(view))
+    finally:
+        shutil.rmtree(view, ignore_errors=True)

@@ -27,15 +27,19 @@ def foreign_release(root: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def contract_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+# rocksdb: committed versions read through RocksDB views in the JVM; memory: the heap near-cache.
+BACKENDS = ["rocksdb", "memory"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
-    work = tmp_path_factory.mktemp("contract")
+    work = tmp_path_factory.mktemp(f"contract-{request.param}")
     stall = [{"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1}]
     proc = run_spark_submit(
         "org.pystatestore.tests.ContractSuite",
         jar,
-        [str(work), sys.executable, python_path_for_worker()],
+        [str(work), sys.executable, python_path_for_worker(), request.param],
         env={
             "PYSTATESTORE_TEST_FAULTS": json.dumps(stall),
             "PYSTATESTORE_TEST_FOREIGN_PYTHONPATH": str(foreign_release(tmp_path_factory.mktemp("foreign"))),

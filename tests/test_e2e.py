@@ -62,11 +62,28 @@ def pandas_sessions(df: DataFrame) -> DataFrame:
     )
 
 
+def session_windows(df: DataFrame) -> DataFrame:
+    """Session windows keep their state in a prefix-scan store (prefix: the grouping key)."""
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .groupBy(F.session_window("ts", "5 seconds"), "key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+        .select(
+            F.col("session_window.start").cast("string"),
+            F.col("session_window.end").cast("string"),
+            "key",
+            "n",
+            "total",
+        )
+    )
+
+
 SCENARIOS = {
     "aggregation_update": (aggregation, "update"),
     "aggregation_complete": (aggregation, "complete"),
     "drop_duplicates": (dedup, "append"),
     "apply_in_pandas_with_state_timeout": (pandas_sessions, "update"),
+    "session_window_prefix_scan": (session_windows, "append"),
 }
 
 
@@ -84,6 +101,9 @@ def test_same_rows_as_the_builtin_provider(spark: SparkSession, scenario: str, t
     # the restart really reloaded state through the worker
     state_dir = tmp_path / "ckpt-PythonStateStoreProvider" / "state" / "0"
     assert any(state_dir.glob("*/manifests/*.json"))
+    if scenario == "session_window_prefix_scan":  # the prefix layout, read by seeks in the JVM
+        encodings = {json.loads(m.read_text())["key_encoding"] for m in state_dir.glob("*/manifests/*.json")}
+        assert encodings == {"prefix-v1"}, encodings
     if spark.sparkContext.master.startswith("local-cluster"):
         # every version was written by a worker of an executor JVM, never one of the driver's
         driver_pid = spark._jvm.java.lang.ProcessHandle.current().pid()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend_support import changes, make_backend, state_of
+from backend_support import changes, commit, make_backend, state_of
 from local_recovery_support import damage_one_sst_in_place
 from pystatestore.local_recovery import MARKER, clean_stale_stores
 
@@ -25,10 +25,10 @@ def commit_versions(store_dir: Path, local: Path, recovery: Path, n: int = 3, ke
         "rocksdb", store_dir, local, options={"localRecoveryDir": str(recovery), "localRecoveryVersions": str(keep)}
     )
     state = dict(BIG)
-    b.commit(0, changes(BIG), "t1")
+    commit(b, 0, changes(BIG), "t1")
     for v in range(2, n + 1):
         puts = {f"n{v}".encode(): str(v).encode()}
-        b.commit(v - 1, changes(puts), f"t{v}")
+        commit(b, v - 1, changes(puts), f"t{v}")
         state.update(puts)
     b.close()  # the worker (or executor) goes away; the copies stay on the host
     return state
@@ -79,10 +79,10 @@ def test_only_the_newest_copies_are_kept(tmp_path: Path) -> None:
 def test_copies_of_a_superseded_attempt_are_dropped(tmp_path: Path) -> None:
     store, rec = tmp_path / "store", tmp_path / "rec"
     a = make_backend("rocksdb", store, tmp_path / "a", options={"localRecoveryDir": str(rec)})
-    a.commit(0, changes({b"x": b"1"}), "t1")
-    a.commit(1, changes({b"x": b"from-a"}), "attempt-a")
+    commit(a, 0, changes({b"x": b"1"}), "t1")
+    commit(a, 1, changes({b"x": b"from-a"}), "attempt-a")
     b = make_backend("rocksdb", store, tmp_path / "b", options={"localRecoveryDir": str(rec)})
-    b.commit(1, changes({b"x": b"from-b"}), "attempt-b")  # b's manifest for version 2 wins
+    commit(b, 1, changes({b"x": b"from-b"}), "attempt-b")  # b's manifest for version 2 wins
     winner = json.loads((store / "manifests" / "2.json").read_text())["manifest_id"]
     c, _ = restore(store, tmp_path / "c", rec, 2)
     ids = {m.parent.name.split("-", 1)[1] for m in rec.rglob(MARKER) if m.parent.name.startswith("2-")}
@@ -110,7 +110,7 @@ def test_maintenance_removes_copies_of_stores_that_are_gone(tmp_path: Path) -> N
     for marker in rec.rglob(MARKER):
         os.utime(marker, (time.time() - 7200, time.time() - 7200))
     live = make_backend("rocksdb", tmp_path / "live-store", tmp_path / "w2", options={"localRecoveryDir": str(rec)})
-    live.commit(0, changes({b"a": b"1"}), "t")
+    commit(live, 0, changes({b"a": b"1"}), "t")
     report = live.maintenance()
     assert report["staleLocalStoresRemoved"] == 1
     stores = {json.loads(m.read_text())["store"] for m in rec.rglob(MARKER)}

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from backend_support import changes, make_backend, state_of
+from backend_support import changes, commit, make_backend, state_of
 from pystatestore.backends import StateBackend
 from pystatestore.leases import LeaseLostError
 
@@ -158,7 +158,7 @@ class BackendModel(RuleBasedStateMachine):
     @rule()
     def commit(self) -> None:
         expected = self.expected_next()
-        self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
+        commit(self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(expected))
         self.record_commit(expected)
 
     @rule()
@@ -171,7 +171,9 @@ class BackendModel(RuleBasedStateMachine):
         expected = self.expected_next()
         self.backend.fault_hook = crash_at(point)
         try:
-            self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
+            commit(
+                self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(expected)
+            )
         except SimulatedCrashError:
             durable = COMMIT_POINTS.index(point) >= DURABLE_FROM
             if durable:  # durable, though the task never heard back
@@ -230,13 +232,13 @@ class BackendModel(RuleBasedStateMachine):
                 self.clock.offset += GRACE + 1  # the commit in flight sees the time pass, too
                 self.other.maintenance()
             else:
-                self.other.commit(self.base, self.frame(other_pending), "competing-attempt")
+                commit(self.other, self.base, self.frame(other_pending), "competing-attempt", num_keys=len(theirs))
 
         mine = self.expected_next()
         theirs = self.expected_next(other_pending)
         self.backend.fault_hook = hook
         try:
-            self.backend.commit(self.base, self.frame(self.pending), f"attempt-{self.generation}")
+            commit(self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(mine))
             published = True
         except LeaseLostError:
             # Frozen past its lease while GC ran: it must not publish (its files may be gone).

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from backend_support import changes, make_backend, state_of
+from backend_support import changes, commit, make_backend, state_of
 from pystatestore import frames
 from pystatestore.backends import StateBackend
 from pystatestore.errors import (
@@ -55,7 +55,7 @@ def tree(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("bad", ["../../../escaped", "/tmp/escaped-abs", "sub/escaped", "..", ".hidden", "a\\b"])
 def test_a_tampered_file_name_is_refused_before_anything_is_written(tmp_path: Path, backend: str, bad: str) -> None:
     store = tmp_path / "ckpt" / "state" / "0" / "1"
-    make_backend(backend, store, tmp_path / "w1").commit(0, changes({b"k": b"v" * 100}), "t")
+    commit(make_backend(backend, store, tmp_path / "w1"), 0, changes({b"k": b"v" * 100}), "t")
 
     def rename_first(doc: dict) -> None:
         name, ref = next(iter(doc["private"].items()))
@@ -80,7 +80,7 @@ def test_a_tampered_file_name_is_refused_before_anything_is_written(tmp_path: Pa
 @pytest.mark.parametrize("bad", ["../../etc/passwd", "/etc/passwd", "private/../../x", "a//b", "c:/x"])
 def test_manifest_paths_outside_the_store_are_refused(tmp_path: Path, bad: str) -> None:
     store = tmp_path / "store"
-    make_backend("memory", store, tmp_path / "w").commit(0, changes({b"a": b"1"}), "t")
+    commit(make_backend("memory", store, tmp_path / "w"), 0, changes({b"a": b"1"}), "t")
     edit_manifest(store, 1, lambda doc: doc["private"]["snapshot.arrow"].__setitem__("path", bad))
     with pytest.raises(InvalidPathError):
         make_backend("memory", store, tmp_path / "w2").load(1)
@@ -92,7 +92,7 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> No
     (victim_dir / "data").write_text("keep")
     b = make_backend("memory", store, tmp_path / "w", retain=0)
     for v in range(1, 4):
-        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+        commit(b, v - 1, changes({b"k": str(v).encode()}), "t")
     # a tampered checkpoint: a directory link and a file link into somewhere precious
     os.symlink(victim_dir, store / "private" / "1-0123456789abcdef0123456789abcdef")
     (store / "shared").mkdir()
@@ -109,10 +109,10 @@ def test_a_checkpoint_of_another_backend_is_refused_naming_both(tmp_path: Path, 
     store = tmp_path / "store"
     w = make_backend(writer, store, tmp_path / "w")
     for v in range(1, 4):
-        w.commit(v - 1, changes({b"count": str(v).encode()}), "t")
+        commit(w, v - 1, changes({b"count": str(v).encode()}), "t")
     before = tree(store)
     r = make_backend(reader, store, tmp_path / "r", options={"localRecovery": "false"})
-    for call in (lambda: r.load(3), lambda: r.commit(3, changes({b"count": b"4"}), "t")):
+    for call in (lambda: r.load(3), lambda: commit(r, 3, changes({b"count": b"4"}), "t", num_keys=1)):
         with pytest.raises(StoreConfigError) as e:
             call()
         msg = str(e.value)
@@ -123,7 +123,7 @@ def test_a_checkpoint_of_another_backend_is_refused_naming_both(tmp_path: Path, 
 
 def test_a_manifest_of_another_store_is_refused(tmp_path: Path) -> None:
     a, b = tmp_path / "state" / "0" / "1", tmp_path / "state" / "0" / "2"
-    make_backend("rocksdb", a, tmp_path / "w").commit(0, changes({b"k": b"a"}), "t")
+    commit(make_backend("rocksdb", a, tmp_path / "w"), 0, changes({b"k": b"a"}), "t")
     shutil.copytree(a, b)  # a store directory copied over another partition's
     other = make_backend("rocksdb", b, tmp_path / "w2", options={"localRecovery": "false"})
     other.ctx = type(other.ctx)(**{**other.ctx.__dict__, "partition_id": 2})
@@ -142,7 +142,7 @@ def test_a_foreign_providers_checkpoint_is_named(tmp_path: Path) -> None:
 
 def test_a_restored_db_never_opens_empty_when_the_manifest_has_keys(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    make_backend("rocksdb", store, tmp_path / "w").commit(0, changes({b"k": b"v"}), "t")
+    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"v"}), "t")
 
     def drop_rocksdb_metadata(doc: dict) -> None:
         for name in [n for n in doc["private"] if n == "CURRENT" or n.startswith("MANIFEST-")]:
@@ -158,8 +158,8 @@ def test_a_restored_db_never_opens_empty_when_the_manifest_has_keys(tmp_path: Pa
 def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Path) -> None:
     store = tmp_path / "store"
     b = make_backend("rocksdb", store, tmp_path / "w")
-    b.commit(0, changes({b"k": b"v"}), "t1")
-    b.commit(1, changes(deletes=[b"k"]), "t2")  # version 2 is a real, empty database
+    commit(b, 0, changes({b"k": b"v"}), "t1")
+    commit(b, 1, changes(deletes=[b"k"]), "t2")  # version 2 is a real, empty database
     edit_manifest(store, 2, lambda doc: doc.__setitem__("num_keys", 5))
     fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
     with pytest.raises(CheckpointDamagedError, match="holds 5 keys"):
@@ -168,7 +168,7 @@ def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Pa
 
 def test_a_failed_restore_leaves_no_directory(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    make_backend("rocksdb", store, tmp_path / "w").commit(0, changes({b"k": b"v" * 5000}), "t")
+    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"v" * 5000}), "t")
     sst = next((store / "shared").iterdir())
     sst.write_bytes(sst.read_bytes()[:-1] + bytes([sst.read_bytes()[-1] ^ 1]))
     fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
@@ -181,14 +181,14 @@ def test_a_failed_restore_leaves_no_directory(tmp_path: Path) -> None:
 def test_a_commit_on_a_replaced_attempt_of_its_base_is_refused(tmp_path: Path, backend: str) -> None:
     store = tmp_path / "store"
     a = make_backend(backend, store, tmp_path / "a")
-    a.commit(0, changes({b"k": b"1"}), "t1")
-    mine = a.commit(1, changes({b"k": b"a"}), "attempt-a")
+    commit(a, 0, changes({b"k": b"1"}), "t1")
+    mine = commit(a, 1, changes({b"k": b"a"}), "attempt-a")
     b = make_backend(backend, store, tmp_path / "b")
-    theirs = b.commit(1, changes({b"k": b"b"}), "attempt-b")  # replaces version 2
+    theirs = commit(b, 1, changes({b"k": b"b"}), "attempt-b")  # replaces version 2
     with pytest.raises(BaseVersionReplacedError, match="version: 2"):
-        a.commit(2, changes({b"x": b"1"}), "t3", mine.manifest_id)
+        commit(a, 2, changes({b"x": b"1"}), "t3", mine.manifest_id)
     assert not manifest_file(store, 3).exists()
-    a.commit(2, changes({b"x": b"1"}), "t3-retry", theirs.manifest_id)
+    commit(a, 2, changes({b"x": b"1"}), "t3-retry", theirs.manifest_id)
     assert state_of(make_backend(backend, store, tmp_path / "c"), 3) == {b"k": b"b", b"x": b"1"}
 
 
@@ -199,7 +199,7 @@ def test_gc_keeps_a_file_written_into_a_directory_it_found_empty(tmp_path: Path,
     store = tmp_path / "store"
     b = make_backend("memory", store, tmp_path / "w", retain=0)
     for v in range(1, 4):
-        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+        commit(b, v - 1, changes({b"k": str(v).encode()}), "t")
     late = store / "private" / "1-0123456789abcdef0123456789abcdef" / "late-upload"
     late.parent.mkdir()
     os.utime(late.parent, (1, 1))  # an old, empty directory of a dead attempt...
@@ -219,7 +219,7 @@ def test_gc_removes_the_empty_directories_of_collected_versions(tmp_path: Path) 
     store = tmp_path / "store"
     b = make_backend("memory", store, tmp_path / "w", retain=1)
     for v in range(1, 6):
-        b.commit(v - 1, changes({b"k": str(v).encode()}), "t")
+        commit(b, v - 1, changes({b"k": str(v).encode()}), "t")
     b.maintenance()
     assert sorted(p.name.split("-")[0] for p in (store / "private").iterdir()) == ["4", "5"]
 
@@ -239,7 +239,7 @@ def test_a_commit_slower_than_the_grace_keeps_its_files(tmp_path: Path) -> None:
     store = tmp_path / "store"
     grace = 10.0
     slow = make_backend("rocksdb", store, tmp_path / "slow", grace=grace)
-    slow.commit(0, changes({b"a": b"1"}), "t1")
+    commit(slow, 0, changes({b"a": b"1"}), "t1")
     other = make_backend("rocksdb", store, tmp_path / "other", grace=grace)
 
     def stall_then_let_gc_run(point: str) -> None:
@@ -248,7 +248,7 @@ def test_a_commit_slower_than_the_grace_keeps_its_files(tmp_path: Path) -> None:
             other.maintenance(now=time.time() + grace - 1)  # the uploads look grace + 0.6 s old
 
     slow.fault_hook = stall_then_let_gc_run
-    slow.commit(1, changes({f"k{i}".encode(): b"x" * 50 for i in range(2000)}), "t2")
+    commit(slow, 1, changes({f"k{i}".encode(): b"x" * 50 for i in range(2000)}), "t2")
     reader = make_backend("rocksdb", store, tmp_path / "reader", options={"localRecovery": "false"})
     assert len(state_of(reader, 2)) == 2001
 
@@ -256,7 +256,7 @@ def test_a_commit_slower_than_the_grace_keeps_its_files(tmp_path: Path) -> None:
 def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -> None:
     store = tmp_path / "store"
     b = make_backend("rocksdb", store, tmp_path / "w", grace=10.0)
-    b.commit(0, changes({b"a": b"1"}), "t1")
+    commit(b, 0, changes({b"a": b"1"}), "t1")
     offset = [0.0]
     b.clock = lambda: time.time() + offset[0]
 
@@ -268,7 +268,7 @@ def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -
 
     b.fault_hook = freeze
     with pytest.raises(LeaseLostError, match="version: 2"):
-        b.commit(1, changes({b"b": b"2"}), "t2")
+        commit(b, 1, changes({b"b": b"2"}), "t2")
     assert not manifest_file(store, 2).exists()
     assert state_of(make_backend("rocksdb", store, tmp_path / "r"), 1) == {b"a": b"1"}
 
@@ -345,8 +345,8 @@ def hdfs_like_backend(store: Path, local: Path, handler: NoReplaceRename) -> Sta
 def test_manifest_replace_works_without_an_overwriting_rename(tmp_path: Path) -> None:
     store, handler = tmp_path / "store", NoReplaceRename()
     b = hdfs_like_backend(store, tmp_path / "w", handler)
-    b.commit(0, changes({b"k": b"first"}), "attempt-1")
-    b.commit(0, changes({b"k": b"retry"}), "attempt-2")  # Spark retries version 1: the last one wins
+    commit(b, 0, changes({b"k": b"first"}), "attempt-1")
+    commit(b, 0, changes({b"k": b"retry"}), "attempt-2")  # Spark retries version 1: the last one wins
     assert state_of(hdfs_like_backend(store, tmp_path / "r", handler), 1) == {b"k": b"retry"}
     assert not [p for p in (store / "manifests").iterdir() if p.name.startswith(".tmp-")]
 
@@ -354,7 +354,7 @@ def test_manifest_replace_works_without_an_overwriting_rename(tmp_path: Path) ->
 def test_a_crash_between_the_two_renames_loses_nothing(tmp_path: Path) -> None:
     store, handler = tmp_path / "store", NoReplaceRename()
     b = hdfs_like_backend(store, tmp_path / "w", handler)
-    b.commit(0, changes({b"k": b"first"}), "attempt-1")
+    commit(b, 0, changes({b"k": b"first"}), "attempt-1")
     real_move = handler.move
     moves = []
 
@@ -366,14 +366,14 @@ def test_a_crash_between_the_two_renames_loses_nothing(tmp_path: Path) -> None:
 
     handler.move = crash_on_second_move
     with pytest.raises(OSError, match="worker died"):
-        b.commit(0, changes({b"k": b"retry"}), "attempt-2")
+        commit(b, 0, changes({b"k": b"retry"}), "attempt-2")
     handler.move = real_move
     assert not manifest_file(store, 1).exists()
     reader = hdfs_like_backend(store, tmp_path / "r", handler)
     assert state_of(reader, 1) == {b"k": b"first"}  # the set-aside manifest is still the version
     reader.maintenance(now=FAR_FUTURE)  # ... and GC keeps what it references
     assert state_of(hdfs_like_backend(store, tmp_path / "r2", handler), 1) == {b"k": b"first"}
-    b.commit(0, changes({b"k": b"again"}), "attempt-3")
+    commit(b, 0, changes({b"k": b"again"}), "attempt-3")
     reader.maintenance(now=FAR_FUTURE)
     assert not [p for p in (store / "manifests").iterdir() if p.name.startswith(".replaced-")]
     assert state_of(hdfs_like_backend(store, tmp_path / "r3", handler), 1) == {b"k": b"again"}
@@ -394,6 +394,7 @@ def store_json(store: Path, local: Path, instance: str, **options: str) -> str:
             "valueSchema": "v",
             "minVersionsToRetain": 10,
             "localDir": str(local),
+            "viewsDir": str(local / "views"),
             "options": {"localRecoveryDir": str(local / "rec"), **options},
         }
     )
@@ -409,7 +410,9 @@ def test_a_call_waiting_for_a_stuck_store_gives_up_and_names_the_holder(tmp_path
     backend.fault_hook = lambda point: release.wait(30) if point == "commit:uploaded" else None
     frame = tmp_path / "changes.arrow"
     frames.write_buffer(str(frame), _frame_bytes())
-    stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a"), daemon=True)
+    (tmp_path / "l" / "views").mkdir(parents=True, exist_ok=True)
+    view = str(tmp_path / "l" / "views" / "v1")
+    stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a", 1, view), daemon=True)
     stuck.start()
     time.sleep(0.5)
     started = time.time()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend_support import changes, make_backend, state_of
+from backend_support import changes, commit, make_backend, state_of
 from pystatestore.errors import CheckpointDamagedError
 
 
@@ -22,8 +22,8 @@ def manifest(store_dir: Path, version: int) -> dict:
 
 def test_commits_are_incremental(store_dir: Path, tmp_path: Path) -> None:
     b = make_backend("rocksdb", store_dir, tmp_path)
-    first = b.commit(0, changes({f"k{i}".encode(): b"v" * 100 for i in range(5000)}), "t1")
-    second = b.commit(1, changes({b"k1": b"changed"}), "t2")
+    first = commit(b, 0, changes({f"k{i}".encode(): b"v" * 100 for i in range(5000)}), "t1")
+    second = commit(b, 1, changes({b"k1": b"changed"}), "t2")
     m1, m2 = manifest(store_dir, 1), manifest(store_dir, 2)
     assert m1["shared"] and all(ref in m2["shared"].values() for ref in m1["shared"].values())
     assert second.metrics["filesReused"] >= len(m1["shared"])
@@ -39,7 +39,7 @@ def test_reload_any_version_in_a_fresh_backend(store_dir: Path, tmp_path: Path) 
     for v in range(1, 6):
         puts = {f"k{v}-{i}".encode(): f"{v}".encode() for i in range(50)}
         deletes = [f"k{v - 1}-{i}".encode() for i in range(10)] if v > 1 else []
-        b.commit(v - 1, changes(puts, deletes), f"t{v}")
+        commit(b, v - 1, changes(puts, deletes), f"t{v}")
         state = {**{k: x for k, x in state.items() if k not in deletes}, **puts}
         expected[v] = dict(state)
     b.close()
@@ -53,17 +53,17 @@ def test_a_competing_attempt_never_makes_us_reuse_a_foreign_file(store_dir: Path
     """Two attempts at version 2 from different DB lineages; the last manifest wins, and a later
     commit on top of it must not match its own same-named local SSTs against the winner's."""
     a = make_backend("rocksdb", store_dir, tmp_path / "a")
-    a.commit(0, changes({f"k{i}".encode(): b"base" for i in range(500)}), "t1")
+    commit(a, 0, changes({f"k{i}".encode(): b"base" for i in range(500)}), "t1")
     b = make_backend("rocksdb", store_dir, tmp_path / "b")
-    a.commit(1, changes({f"k{i}".encode(): b"from-a" for i in range(500)}), "attempt-a")
-    b.commit(1, changes({f"k{i}".encode(): b"from-b" for i in range(500)}), "attempt-b")  # wins
-    a.commit(2, changes({b"extra": b"1"}), "t3")  # a's local DB is a's own v2: it must rebuild from b's
+    commit(a, 1, changes({f"k{i}".encode(): b"from-a" for i in range(500)}), "attempt-a")
+    commit(b, 1, changes({f"k{i}".encode(): b"from-b" for i in range(500)}), "attempt-b")  # wins
+    commit(a, 2, changes({b"extra": b"1"}), "t3")  # a's local DB is a's own v2: it must rebuild from b's
     expected = {f"k{i}".encode(): b"from-b" for i in range(500)} | {b"extra": b"1"}
     assert state_of(make_backend("rocksdb", store_dir, tmp_path / "c"), 3) == expected
 
 
 def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Path) -> None:
-    make_backend("rocksdb", store_dir, tmp_path).commit(0, changes({b"a": b"1" * 1000}), "t")
+    commit(make_backend("rocksdb", store_dir, tmp_path), 0, changes({b"a": b"1" * 1000}), "t")
     sst = next((store_dir / "shared").glob("*.sst"))
     data = bytearray(sst.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -75,10 +75,10 @@ def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Pa
 
 def test_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: Path) -> None:
     b = make_backend("rocksdb", store_dir, tmp_path, retain=1)
-    b.commit(0, changes({f"k{i}".encode(): b"v" for i in range(1000)}), "t")
+    commit(b, 0, changes({f"k{i}".encode(): b"v" for i in range(1000)}), "t")
     first_ssts = {r["path"] for r in manifest(store_dir, 1)["shared"].values()}
     for v in range(2, 6):
-        b.commit(v - 1, changes({f"n{v}".encode(): b"x"}), f"t{v}")
+        commit(b, v - 1, changes({f"n{v}".encode(): b"x"}), f"t{v}")
     b.maintenance(now=1e12)
     referenced = {r["path"] for v in (4, 5) for r in manifest(store_dir, v)["shared"].values()} | {
         r["path"] for v in (4, 5) for r in manifest(store_dir, v)["private"].values()

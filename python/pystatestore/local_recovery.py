@@ -1,7 +1,9 @@
 """Local recovery copies (Flink's TaskLocalStateStore; DESIGN §5).
 
-After a commit, the version's RocksDB checkpoint (hard links, so nearly free) is kept in a
-directory that outlives the executor, on the same host. A restore then takes each file the
+After a commit, the version's RocksDB checkpoint is kept in a directory that outlives the executor,
+on the same host: its files are hard links of the commit's checkpoint (nearly free), which is why
+the default directory lies on the same filesystem as the local databases; where it cannot (another
+filesystem was configured), the files are copied, and that is reported. A restore then takes each file the
 manifest lists from a local copy when its size and checksum match, and downloads only what is
 missing or damaged. Writing a copy never fails a commit: problems are logged once per store and
 the store carries on without local copies.
@@ -39,10 +41,35 @@ DEFAULT_VERSIONS_KEPT = 2
 log = logging.getLogger("pystatestore.local_recovery")
 
 
-def default_root() -> Path:
-    """Outside Spark's per-application temp dirs, so a restarted executor on this host finds it;
-    one per user, since the directory is owner-only."""
-    return Path(tempfile.gettempdir()) / f"pystatestore-local-recovery-{os.getuid()}"
+def default_root(host_dir: str = "") -> Path:
+    """Beside the JVM's work directories (spark.local.dir, else java.io.tmpdir: `host_dir`), so
+    copies are hard links of the local databases' files; outside Spark's per-application and
+    per-JVM directories, so a restarted executor on this host finds it; one per user, since the
+    directory is owner-only."""
+    return Path(host_dir or tempfile.gettempdir()) / f"pystatestore-local-recovery-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    kept: bool
+    bytes_copied: int = 0  # bytes that could not be hard-linked (another filesystem) and were copied
+
+
+def link_or_copy_tree(src: Path, dst: Path) -> int:
+    """Recreates the files of `src` in the new directory `dst` as hard links; files that cannot be
+    linked (another filesystem) are copied. Returns the bytes copied."""
+    os.mkdir(dst, 0o700)
+    copied = 0
+    for entry in os.scandir(src):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        target = dst / entry.name
+        try:
+            os.link(entry.path, target)
+        except OSError:
+            shutil.copy2(entry.path, target)
+            copied += entry.stat(follow_symlinks=False).st_size
+    return copied
 
 
 class UnsafeDirectoryError(OSError):
@@ -110,6 +137,7 @@ class LocalRecoveryStore:
         self.dir = root / LAYOUT / store_key(store_dir)
         self.hook = hook  # tests raise from it to crash between moving a copy and marking it
         self._disabled_reason: str | None = None
+        self._copy_reported = False
 
     @property
     def enabled(self) -> bool:
@@ -124,29 +152,38 @@ class LocalRecoveryStore:
             )
         self._disabled_reason = why
 
-    def save(self, version: int, manifest_id: str, checkpoint_dir: Path) -> bool:
-        """Keeps `checkpoint_dir` (moved, not copied) as the local copy of `version`. Never raises."""
+    def save(self, version: int, manifest_id: str, checkpoint_dir: Path) -> SaveResult:
+        """Keeps the files of `checkpoint_dir` (hard links; it stays where it is) as the local copy
+        of `version`. Never raises."""
         if not self.enabled:
-            return False
+            return SaveResult(False)
         try:
             make_private_dir(self.root)
             make_private_dir(self.root / LAYOUT)
             make_private_dir(self.dir)
             target = self.dir / f"{version}-{manifest_id}"
-            try:
-                os.rename(checkpoint_dir, target)
-            except OSError:  # another filesystem: copy, hard links are impossible
-                shutil.copytree(checkpoint_dir, target)
-            os.chmod(target, 0o700)
+            copied = link_or_copy_tree(checkpoint_dir, target)
+            if copied and not self._copy_reported:
+                self._copy_reported = True
+                log.warning(
+                    "local recovery copies of store %s are copied, not hard-linked (%d bytes this time): %s is "
+                    "on another filesystem than the local databases (%s). Every commit copies the whole "
+                    "state; set spark.sql.streaming.stateStore.pystatestore.localRecoveryDir to a directory "
+                    "on the same filesystem as spark.local.dir, or leave it unset.",
+                    self.store_dir,
+                    copied,
+                    self.root,
+                    checkpoint_dir.parent,
+                )
             if self.hook is not None:
                 self.hook("local-save:moved")
             marker = {"store": self.store_dir, "version": version, "manifestId": manifest_id, "savedAt": time.time()}
             (target / MARKER).write_text(json.dumps(marker))
             self.prune(keep_newest=self.versions_kept)
-            return True
+            return SaveResult(True, copied)
         except OSError as e:
             self._disable(f"{type(e).__name__}: {e}")
-            return False
+            return SaveResult(False)
 
     def copies(self) -> list[LocalCopy]:
         """Complete copies, newest first. Incomplete ones (no marker) and copies whose marker does

@@ -20,8 +20,16 @@ from typing import Any
 from .errors import CheckpointDamagedError, InvalidPathError
 from .remote import validate_file_name, validate_relative_path
 
-FORMAT_VERSION = 1
+# Format 2 records how keys are stored (`key_encoding`); format 1 (releases before 0.3.0) always
+# stored Spark's key bytes as they are ("raw").
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST_DIR = "manifests"
+KEY_ENCODING_RAW = "raw"
+# A prefix-scan store's keys: 4-byte big-endian length of the prefix row, the prefix row's bytes,
+# then the whole key row's bytes, so a prefix scan is a seek over a byte prefix (DESIGN §2).
+KEY_ENCODING_PREFIX = "prefix-v1"
+KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX)
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")
 
 
@@ -72,6 +80,7 @@ class Manifest:
     writer: dict[str, Any] = field(default_factory=lambda: current_writer())
     # Identifies this commit among attempts at the same version (the last manifest written wins).
     manifest_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    key_encoding: str = KEY_ENCODING_RAW
     format: int = FORMAT_VERSION
 
     def files(self) -> list[FileRef]:
@@ -94,8 +103,19 @@ class Manifest:
             raise damaged(f"not valid JSON: {e}") from None
         if not isinstance(doc, dict):
             raise damaged("not a JSON object")
-        if doc.get("format") != FORMAT_VERSION:
-            raise damaged(f"format {doc.get('format')!r}; this pystatestore reads format {FORMAT_VERSION}")
+        fmt = doc.get("format")
+        if isinstance(fmt, int) and fmt > FORMAT_VERSION:
+            raise CheckpointDamagedError(
+                f"the manifest has format {fmt}, written by a newer pystatestore; this release reads formats "
+                f"{', '.join(map(str, READABLE_FORMATS))}",
+                store=store,
+                version=version,
+                file=file,
+                advice="Upgrade pystatestore to the release that wrote this checkpoint (or newer). Nothing was read "
+                "or deleted.",
+            )
+        if fmt not in READABLE_FORMATS:
+            raise damaged(f"format {fmt!r}; this pystatestore reads formats {READABLE_FORMATS}")
         try:
             refs = {
                 kind: {
@@ -124,6 +144,8 @@ class Manifest:
                 created_at=float(doc["created_at"]),
                 writer=dict(doc.get("writer") or {}),
                 manifest_id=str(doc.get("manifest_id", "")),
+                key_encoding=str(doc.get("key_encoding", KEY_ENCODING_RAW)) if fmt >= 2 else KEY_ENCODING_RAW,
+                format=int(fmt),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None
@@ -131,4 +153,6 @@ class Manifest:
             raise InvalidPathError(e.problem, store=store, version=version, file=file) from None
         if m.version != version:
             raise damaged(f"it describes version {m.version}")
+        if m.key_encoding not in KEY_ENCODINGS:
+            raise damaged(f"unknown key encoding {m.key_encoding!r}")
         return m

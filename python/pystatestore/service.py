@@ -21,9 +21,10 @@ from . import __version__, faults, frames
 from .backends import BACKENDS, DEFAULT_BACKEND, StateBackend, StoreContext
 from .errors import StateStoreError, StoreConfigError
 from .leases import validate_grace
+from .manifest import KEY_ENCODING_RAW
 from .remote import RemoteStore
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 log = logging.getLogger("pystatestore.service")
@@ -44,7 +45,19 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
         orphan_grace_seconds=grace,
         options=options,
         local_dir=str(desc.get("localDir", "")),
+        key_encoding=str(desc.get("keyEncoding", KEY_ENCODING_RAW)),
+        views_dir=str(desc.get("viewsDir", "")),
+        host_dir=str(desc.get("hostDir", "")),
     )
+
+
+def worker_rss_bytes() -> int:
+    """This worker's resident memory, reported to Spark with every load and commit."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def lock_wait_seconds(ctx: StoreContext) -> float:
@@ -133,17 +146,23 @@ class StoreService:
                     replaced.append(self._stores.pop(gone))
             for store in replaced:
                 _close_when_idle(store)
-            return {"handle": handle}
+            backend = self._stores[handle].backend
+            return {"handle": handle, "readPath": backend.read_path, "keyEncoding": ctx.key_encoding}
 
         return _reply(run)
 
-    def load(self, handle: str, version: int, out_path: str) -> str:
+    def load(self, handle: str, version: int, out_path: str, view_dir: str) -> str:
+        """Makes `version` readable by the JVM: a state frame at `out_path`, or (view backends) a
+        read view at `view_dir`."""
+
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             with self._store(handle).locked(f"load of version {version}", handle) as backend:
-                result = backend.load(int(version))
-            frames.write_buffer(out_path, result.frame)
+                result = backend.load(int(version), view_dir or None)
+            if result.frame is not None:
+                frames.write_buffer(out_path, result.frame)
             return {
+                "workerRssBytes": worker_rss_bytes(),
                 "manifestId": result.manifest_id,
                 "numKeys": result.num_keys,
                 "bytes": result.bytes_read,
@@ -154,14 +173,31 @@ class StoreService:
 
         return _reply(run)
 
-    def commit(self, handle: str, base_version: int, base_manifest_id: str, changes_path: str, attempt_id: str) -> str:
+    def commit(
+        self,
+        handle: str,
+        base_version: int,
+        base_manifest_id: str,
+        changes_path: str,
+        attempt_id: str,
+        num_keys: int,
+        view_dir: str,
+    ) -> str:
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
             changes = frames.read_changes(changes_path)
             with store.locked(f"commit of version {int(base_version) + 1}", handle) as backend:
-                result = backend.commit(int(base_version), changes, str(attempt_id), str(base_manifest_id))
+                result = backend.commit(
+                    int(base_version),
+                    changes,
+                    str(attempt_id),
+                    str(base_manifest_id),
+                    num_keys=int(num_keys) if int(num_keys) >= 0 else None,
+                    view_dir=view_dir or None,
+                )
             return {
+                "workerRssBytes": worker_rss_bytes(),
                 "version": result.version,
                 "manifestId": result.manifest_id,
                 "numKeys": result.num_keys,

@@ -37,6 +37,7 @@ object ContractSuite {
   private var workDir: Path = _
   private var pythonExec: String = _
   private var pythonPath: String = _
+  private var backend: String = "rocksdb"
 
   // Projections reuse one output buffer and are not thread-safe; scenarios use several threads.
   def key(s: String, i: Int = 0): UnsafeRow =
@@ -66,6 +67,7 @@ object ContractSuite {
     val c = new SQLConf()
     c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonExec", pythonExec)
     c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonPath", pythonPath)
+    c.setConfString("spark.sql.streaming.stateStore.pystatestore.backend", backend)
     extra.foreach { case (k, v) => c.setConfString(k, v) }
     c
   }
@@ -89,7 +91,7 @@ object ContractSuite {
     val s = p.getStore(base)
     puts.foreach { case (k, v) => s.put(key(k), value(v)) }
     removes.foreach(k => s.remove(key(k)))
-    s.commit()
+    try s.commit() finally s.release() // what the end of a Spark task does
   }
 
   private val scenarios = mutable.LinkedHashMap.empty[String, () => Unit]
@@ -500,11 +502,101 @@ object ContractSuite {
     good.close()
   }
 
+  private val conf_ = "spark.sql.streaming.stateStore.pystatestore."
+
+  /** Read views of this JVM whose directory name says they hold `version` (rocksdb backend). */
+  def viewDirsOf(version: Long): Seq[String] =
+    Option(StateWorker.viewsDir.list()).map(_.toSeq).getOrElse(Nil).filter(_.startsWith(s"v$version-"))
+
+  scenario("reads_survive_pruning_maintenance_and_local_copy_cleanup") {
+    val dir = newDir()
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "1", conf_ + "localRecoveryVersions" -> "1",
+      "spark.sql.streaming.maxBatchesToRetainInMemory" -> "1")
+    val p = provider(dir, conf = conf)
+    val first = (1 to 500).map(i => s"k$i" -> i).toMap
+    val others = viewDirsOf(1).toSet ++ (2 to 12).flatMap(v => viewDirsOf(v)) // of other scenarios
+    commitVersion(p, 0, first)
+    val reader = p.getReadStore(1) // a task still reading version 1 ...
+    val open = reader.iterator()
+    check(open.hasNext, "version 1 is empty")
+    val views = viewDirsOf(1).filterNot(others)
+    // ... while later versions are committed, version 1 leaves the cache, its checkpoint files are
+    // collected and its local recovery copy is pruned.
+    (2 to 12).foreach { v => commitVersion(p, v - 1, Map(s"n$v" -> v), Seq(s"k$v")); p.doMaintenance() }
+    val storeDir = new File(new java.net.URI(dir).getPath, "0/0")
+    check(!new File(storeDir, "manifests/1.json").exists(), "retention did not remove version 1")
+    val rest = Iterator.continually(open).takeWhile(_.hasNext).map(_.next()).map(_.key.getUTF8String(0).toString)
+    check(rest.size == 500, s"the open iterator lost rows: ${rest.size}")
+    check(contents(reader) == first.map { case (k, v) => (k, 0) -> v }, "version 1 changed under its reader")
+    if (backend == "rocksdb") check(views.nonEmpty && views.forall(v => viewDirsOf(1).contains(v)),
+      s"the view of version 1 was removed while it was read: $views")
+    reader.release()
+    if (backend == "rocksdb") check(views.forall(v => !viewDirsOf(1).contains(v)), s"a released view stayed: $views")
+    p.close()
+    if (backend == "rocksdb") {
+      val left = (1 to 12).flatMap(v => viewDirsOf(v)).filterNot(others)
+      check(left.isEmpty, s"views left after the provider closed: $left")
+    }
+  }
+
+  scenario("a_worker_killed_while_a_view_is_open") {
+    val dir = newDir()
+    val p = provider(dir)
+    commitVersion(p, 0, (1 to 200).map(i => s"k$i" -> i).toMap)
+    val s = p.getStore(1)
+    check(intOf(s.get(key("k7"))).contains(7), "read before the kill")
+    val worker = StateWorker.currentWorker.get
+    worker.process.destroyForcibly().waitFor()
+    check(intOf(s.get(key("k8"))).contains(8), "a read after the worker died")
+    check(contents(s).size == 200, "iteration after the worker died")
+    s.put(key("new"), value(1)); s.remove(key("k1"))
+    check(s.commit() == 2, "the commit after the worker died goes to a new worker")
+    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    val got = contents(provider(dir).getStore(2))
+    check(got.size == 200 && got.get(("new", 0)).contains(1) && !got.contains(("k1", 0)), s"version 2: ${got.size} keys")
+    p.close()
+  }
+
+  scenario("every_layout_the_worker_writes_reads_back_in_the_jvm") {
+    // An L0 trigger of 2 makes RocksDB compact all the time, so versions are made of flushed,
+    // compacted and reused files; each must read back exactly through Spark's rocksdbjni.
+    val dir = newDir()
+    val spec = PrefixKeyScanStateEncoderSpec(keySchema, 1)
+    val conf = sqlConf(conf_ + "rocksdb.l0CompactionTrigger" -> "2", "spark.sql.streaming.minBatchesToRetain" -> "50")
+    val p = provider(dir, encoder = spec, conf = conf)
+    val rnd = new scala.util.Random(11)
+    var model = Map.empty[(String, Int), Int]
+    val versions = mutable.Map(0L -> model)
+    for (v <- 1 to 25) {
+      val s = p.getStore(v - 1)
+      (1 to 120).foreach { _ =>
+        val k = (s"g${rnd.nextInt(30)}", rnd.nextInt(20))
+        if (rnd.nextInt(5) == 0) { s.remove(key(k._1, k._2)); model -= k }
+        else { val x = rnd.nextInt(1000); s.put(key(k._1, k._2), value(x)); model += k -> x }
+      }
+      check(s.commit() == v, s"commit $v")
+      check(s.metrics.numKeys == model.size, s"version $v counts ${s.metrics.numKeys} keys, expected ${model.size}")
+      versions(v) = model
+    }
+    p.close()
+    val fresh = provider(dir, encoder = spec, conf = conf)
+    for (v <- 1L to 25L) {
+      val store = fresh.getReadStore(v)
+      check(contents(store) == versions(v), s"version $v reads back differently")
+      val scanned = store.prefixScan(prefix("g3")).map(pr => (pr.key.getInt(1), pr.value.getInt(0))).toMap
+      val expected = versions(v).collect { case (("g3", i), x) => i -> x }
+      check(scanned == expected, s"prefix scan of version $v: $scanned != $expected")
+      store.release()
+    }
+    fresh.close()
+  }
+
   def main(args: Array[String]): Unit = {
     workDir = new File(args(0)).toPath
     pythonExec = args(1)
     pythonPath = args(2)
-    val only = args.drop(3).toSet
+    backend = args(3)
+    val only = args.drop(4).toSet
     Files.createDirectories(workDir)
     val spark = SparkSession.builder().master("local[2]").appName("pystatestore-contract")
       .config("spark.ui.enabled", "false").getOrCreate()

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
 from ..leases import LEASE_DIR, Clock, CommitLease, validate_grace
-from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
+from ..manifest import KEY_ENCODING_RAW, MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
 from ..remote import RemoteStore, describe_foreign_layout
 from ..retention import RetentionPlan, plan_retention, version_of_replaced_manifest
 
@@ -40,6 +40,13 @@ class StoreContext:
     orphan_grace_seconds: float
     options: dict[str, str] = field(default_factory=dict)
     local_dir: str = ""  # scratch space on this host for the backend's working files
+    # How the JVM encodes keys in change frames (manifest.KEY_ENCODING_*); recorded in manifests.
+    key_encoding: str = KEY_ENCODING_RAW
+    # Where the JVM asks for read views (rocksdb): every view directory must be a child of it.
+    views_dir: str = ""
+    # This host's base directory for pystatestore (spark.local.dir or java.io.tmpdir): the default
+    # local recovery directory goes there, on the same filesystem as the local databases.
+    host_dir: str = ""
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -53,7 +60,7 @@ class StoreContext:
 
 @dataclass(frozen=True)
 class LoadResult:
-    frame: pa.Buffer  # Arrow IPC stream (key, value) of the whole version
+    frame: pa.Buffer | None  # Arrow IPC stream (key, value) of the whole version; None for view backends
     num_keys: int
     bytes_read: int  # from checkpoint storage; 0 when served from memory or a local copy
     source: str  # "memory", "remote", "local-copy" or "local-copy+remote"
@@ -77,9 +84,20 @@ class StateBackend(abc.ABC):
     (the service serialises calls per store)."""
 
     name: str
+    # How the JVM reads committed versions: "frame" (load ships every pair; the JVM keeps them on
+    # its heap) or "view" (load and commit leave a RocksDB checkpoint the JVM opens read-only).
+    read_path: str = "frame"
+    key_encodings: tuple[str, ...] = (KEY_ENCODING_RAW,)
 
     def __init__(self, ctx: StoreContext, remote: RemoteStore) -> None:
         validate_grace(ctx.orphan_grace_seconds, store=ctx.store_dir)
+        if ctx.key_encoding not in self.key_encodings:
+            raise StoreConfigError(
+                f"the {self.name} backend cannot store keys encoded as {ctx.key_encoding!r}",
+                store=ctx.store_dir,
+                advice="The JVM shim and the Python package are of different pystatestore releases; install the "
+                "same release for both.",
+            )
         self.ctx = ctx
         self.remote = remote
         self.fault_hook: FaultHook | None = None
@@ -97,15 +115,26 @@ class StateBackend(abc.ABC):
         )
 
     @abc.abstractmethod
-    def load(self, version: int) -> LoadResult: ...
+    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
+        """Makes `version` readable: as a frame of all pairs, or (view backends) as a read view
+        written to `view_dir`, which must not exist yet."""
 
     @abc.abstractmethod
     def commit(
-        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+        self,
+        base_version: int,
+        changes: pa.Table,
+        attempt_id: str,
+        base_manifest_id: str | None = None,
+        *,
+        num_keys: int | None = None,
+        view_dir: str | None = None,
     ) -> CommitResult:
         """Makes `base_version + 1` durable. `base_manifest_id`, when given, is the attempt at the
         base version the caller computed the changes on; a commit on a base another attempt has
-        since replaced raises BaseVersionReplacedError."""
+        since replaced raises BaseVersionReplacedError. `num_keys` is the new version's key count
+        as the caller (the JVM, which saw whether each key existed) computed it; view backends
+        need it and also leave the new version's read view at `view_dir`."""
 
     def check_base(self, version: int, actual: str, expected: str | None) -> None:
         if expected is not None and expected != actual:
@@ -191,6 +220,17 @@ class StateBackend(abc.ABC):
                 advice="Files were copied between store directories or tampered with; nothing was read or "
                 "deleted. Restore the store directory from a backup or start from a new checkpoint location.",
             )
+        if m.key_encoding != self.ctx.key_encoding:
+            raise StoreConfigError(
+                f"version {m.version} stores its keys encoded as {m.key_encoding!r} (manifest format {m.format}), "
+                f"but this store reads them as {self.ctx.key_encoding!r}",
+                store=self.ctx.store_dir,
+                version=m.version,
+                file=rel,
+                advice="The checkpoint was written by a pystatestore release with another key layout for this kind "
+                "of store (prefix-scan stores, e.g. session windows, changed in 0.3.0). Run the query with the "
+                "release that wrote it, or start it from a new checkpoint location. Nothing was read or changed.",
+            )
         if m.store.get("dir") != self.ctx.store_dir:
             log.debug("store %s: version %d was written at %s (checkpoint moved)", mine, m.version, m.store.get("dir"))
 
@@ -215,6 +255,7 @@ class StateBackend(abc.ABC):
             attempt_id=attempt_id,
             shared=shared or {},
             private=private or {},
+            key_encoding=self.ctx.key_encoding,
         )
 
     # -- retention (DESIGN §4) -------------------------------------------------------------

@@ -16,7 +16,7 @@ from .. import frames
 from ..errors import CheckpointDamagedError
 from ..manifest import FileRef, Manifest, checksum, manifest_path
 from ..retention import RetentionPlan
-from .base import CommitResult, LoadResult, StateBackend
+from .base import CommitResult, LoadResult, StateBackend, log
 
 SNAPSHOT_FILE = "snapshot.arrow"
 
@@ -85,7 +85,7 @@ class MemoryBackend(StateBackend):
         while len(self._versions) > self.versions_in_memory:
             self._versions.popitem(last=False)
 
-    def load(self, version: int) -> LoadResult:
+    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
         state, read, manifest_id = self._state(version, current=True)
         return LoadResult(
             frames.state_to_buffer(state), len(state), read, "remote" if read else "memory", manifest_id=manifest_id
@@ -93,13 +93,30 @@ class MemoryBackend(StateBackend):
 
     # -- writing -----------------------------------------------------------------------------
     def commit(
-        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+        self,
+        base_version: int,
+        changes: pa.Table,
+        attempt_id: str,
+        base_manifest_id: str | None = None,
+        *,
+        num_keys: int | None = None,
+        view_dir: str | None = None,
     ) -> CommitResult:
         version = base_version + 1
         base, _, base_id = self._state(base_version, current=True)
         self.check_base(base_version, base_id, base_manifest_id)
         state = dict(base)  # the base stays intact for retries of this version
         frames.apply_changes(state, changes)
+        if num_keys is not None and num_keys != len(state):
+            # The JVM's count is derived from what it read; the dict is exact. A difference is a bug.
+            log.warning(
+                "store %s version %d: the JVM counted %d keys, the memory backend holds %d; recording %d",
+                self.ctx.store_dir,
+                version,
+                num_keys,
+                len(state),
+                len(state),
+            )
         snapshot = frames.state_to_buffer(state)
         with self.commit_attempt(version) as lease:
             rel = f"private/{version}-{lease.token}/{SNAPSHOT_FILE}"

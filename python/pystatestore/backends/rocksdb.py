@@ -5,6 +5,12 @@ Each commit applies the version's changes to a local RocksDB, flushes, takes a n
 already list; the non-SST files (MANIFEST, OPTIONS, CURRENT, ...) are uploaded every time, as
 private files. The version's manifest is written last, atomically: it is the commit point.
 
+Python writes, the JVM reads (DESIGN §2): the commit's checkpoint directory is left where the JVM
+asked (`view_dir`) as the version's read view, which the JVM opens read-only with Spark's own
+rocksdbjni; a load leaves such a view too instead of shipping pairs. The JVM owns view directories
+(it deletes them once closed), so nothing here ever prunes a directory the JVM has open. The key
+count comes from the JVM, which saw whether each changed key existed: the worker never reads keys.
+
 The local DB is trusted for reuse only while it is exactly the state of one manifest (same
 version and same manifest id): SST names are local to a DB lineage, so a file name may only be
 matched against the manifest the local DB was built from or committed as.
@@ -25,15 +31,23 @@ import pyarrow as pa
 import rocksdict
 
 from .. import frames
-from ..errors import CheckpointDamagedError
+from ..errors import CheckpointDamagedError, StoreConfigError
 from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
-from ..manifest import MANIFEST_DIR, FileRef, Manifest, manifest_path
+from ..manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW, MANIFEST_DIR, FileRef, Manifest, manifest_path
 from ..remote import RemoteStore, local_file_in
 from ..transfer import TransferStats, download_all, upload_all
 from .base import CommitResult, LoadResult, StateBackend
 
 DEFAULT_TRANSFER_THREADS = 4
 DEFAULT_L0_COMPACTION_TRIGGER = 8
+# Table format the JVM's reader understands: Spark 4.1 ships rocksdbjni 9.8.4, older than the
+# RocksDB inside rocksdict (10.x). Format 5 is read by every RocksDB since 6.6.
+TABLE_FORMAT_VERSION = 5
+BLOOM_BITS_PER_KEY = 10  # point lookups in the JVM skip files that cannot hold the key
+APPLY_CHUNK_ROWS = 16384
+# The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
+# restores touch: small, shared by every store in the worker.
+WORKER_BLOCK_CACHE_BYTES = 16 << 20
 STALE_COPY_SCAN_INTERVAL_S = 3600.0
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
@@ -45,7 +59,7 @@ def _block_cache() -> rocksdict.Cache:
     global _shared_cache
     with _shared_cache_lock:
         if _shared_cache is None:
-            _shared_cache = rocksdict.Cache(64 << 20)
+            _shared_cache = rocksdict.Cache(WORKER_BLOCK_CACHE_BYTES)
         return _shared_cache
 
 
@@ -67,6 +81,8 @@ def _link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
 
 class RocksDBBackend(StateBackend):
     name = "rocksdb"
+    read_path = "view"
+    key_encodings = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,7 +95,7 @@ class RocksDBBackend(StateBackend):
         self.local_copies: LocalRecoveryStore | None = None
         if opts.get("localRecovery", "true").lower() == "true":
             self.local_copies = LocalRecoveryStore(
-                Path(opts.get("localRecoveryDir") or default_root()),
+                Path(opts.get("localRecoveryDir") or default_root(self.ctx.host_dir)),
                 self.ctx.store_dir,
                 int(opts.get("localRecoveryVersions", DEFAULT_VERSIONS_KEPT)),
                 hook=self._fault_point,
@@ -97,8 +113,12 @@ class RocksDBBackend(StateBackend):
         opts.set_level_zero_file_num_compaction_trigger(self.l0_trigger)
         opts.set_level_zero_slowdown_writes_trigger(max(20, self.l0_trigger * 3))
         opts.set_level_zero_stop_writes_trigger(max(36, self.l0_trigger * 5))
+        opts.set_compression_type(rocksdict.DBCompressionType.lz4())
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(_block_cache())
+        table.set_format_version(TABLE_FORMAT_VERSION)
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+        table.set_cache_index_and_filter_blocks(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(16 << 20)
         return opts
@@ -194,28 +214,25 @@ class RocksDBBackend(StateBackend):
         return local_files, local_bytes, stats
 
     # -- reading ---------------------------------------------------------------------------
-    def load(self, version: int) -> LoadResult:
+    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
+        """Makes the local DB hold `version` and leaves it as a read view at `view_dir` (a RocksDB
+        checkpoint: hard links). Nothing proportional to the number of keys is read or sent.
+        Without `view_dir` (Python callers) only the local DB is brought to `version`."""
+        target = self._view_target(view_dir, version) if view_dir is not None else None
         _, cost = self._ensure_at(version)
         assert self._db is not None
-        sink = pa.BufferOutputStream()
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        with pa.ipc.new_stream(sink, frames.STATE_SCHEMA) as writer:
-            for k, v in self._db.items():
-                keys.append(k)
-                values.append(v)
-                if len(keys) == 65536:
-                    writer.write_batch(frames.state_batch(keys, values))
-                    keys, values = [], []
-            writer.write_batch(frames.state_batch(keys, values))
-        if not cost:
+        if target is not None:
+            t = time.perf_counter()
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(target))
+            cost = {**cost, "viewMs": _ms(t)}
+        if "restoreMs" not in cost:
             source = "memory"
         elif cost["restoreRemoteFiles"] == 0:
             source = "local-copy"
         else:
             source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
         return LoadResult(
-            sink.getvalue(),
+            None,
             self._db_num_keys,
             cost.get("restoreRemoteBytes", 0),
             source,
@@ -223,11 +240,51 @@ class RocksDBBackend(StateBackend):
             manifest_id=self._db_manifest_id or "",
         )
 
+    def _view_target(self, view_dir: str | None, version: int) -> Path:
+        """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
+        worker writes nowhere else on the JVM's behalf."""
+        if not view_dir or not self.ctx.views_dir:
+            raise StoreConfigError(
+                "the rocksdb backend is read through views, but no view directory was given",
+                store=self.ctx.store_dir,
+                version=version,
+                advice="The JVM shim and the Python package are of different pystatestore releases; install the "
+                "same release for both.",
+            )
+        target = Path(os.path.abspath(view_dir))
+        if target.parent != Path(os.path.abspath(self.ctx.views_dir)) or os.path.lexists(target):
+            raise StoreConfigError(
+                f"view directory {view_dir} is not a new directory inside {self.ctx.views_dir}",
+                store=self.ctx.store_dir,
+                version=version,
+            )
+        return target
+
     # -- writing ---------------------------------------------------------------------------
     def commit(
-        self, base_version: int, changes: pa.Table, attempt_id: str, base_manifest_id: str | None = None
+        self,
+        base_version: int,
+        changes: pa.Table,
+        attempt_id: str,
+        base_manifest_id: str | None = None,
+        *,
+        num_keys: int | None = None,
+        view_dir: str | None = None,
     ) -> CommitResult:
         version = base_version + 1
+        if num_keys is None or num_keys < 0:
+            raise StoreConfigError(
+                "a rocksdb commit needs the new version's key count from the JVM",
+                store=self.ctx.store_dir,
+                version=version,
+                advice="The JVM shim and the Python package are of different pystatestore releases; install the "
+                "same release for both.",
+            )
+        checkpoint_dir = (
+            self._view_target(view_dir, version)
+            if view_dir is not None
+            else self.work_dir / f"ckpt-{version}-{uuid.uuid4().hex[:8]}"
+        )
         base, load_cost = self._ensure_at(base_version)
         self.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
         db = self._db
@@ -237,20 +294,20 @@ class RocksDBBackend(StateBackend):
         metrics: dict[str, int] = {**load_cost}
 
         t = time.perf_counter()
-        num_keys = self._db_num_keys
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        ops = changes.column("op").to_pylist()
-        keys = changes.column("key").to_pylist()
-        values = changes.column("value").to_pylist()
-        for op, key, value in zip(ops, keys, values, strict=True):
-            existed = db.get(key) is not None
-            if op == frames.OP_PUT:
-                batch.put(key, value)
-                num_keys += 0 if existed else 1
-            else:
-                batch.delete(key)
-                num_keys -= 1 if existed else 0
-        db.write(batch)
+        # In slices, so the Python objects of a large commit never all exist at once. Atomicity is
+        # not needed here: until the manifest is written the local DB matches no version anyway.
+        for chunk in changes.to_batches(max_chunksize=APPLY_CHUNK_ROWS):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            ops = chunk.column(0).to_pylist()
+            keys = chunk.column(1).to_pylist()
+            values = chunk.column(2).to_pylist()
+            for op, key, value in zip(ops, keys, values, strict=True):
+                if op == frames.OP_PUT:
+                    batch.put(key, value)
+                else:
+                    batch.delete(key)
+            db.write(batch)
+            del batch, ops, keys, values
         metrics["applyMs"] = _ms(t)
         self._fault_point("commit:applied")
 
@@ -259,12 +316,12 @@ class RocksDBBackend(StateBackend):
         metrics["flushMs"] = _ms(t)
         self._fault_point("commit:flushed")
 
-        t = time.perf_counter()
-        checkpoint_dir = self.work_dir / f"ckpt-{version}-{uuid.uuid4().hex[:8]}"
-        rocksdict.Checkpoint(db).create_checkpoint(str(checkpoint_dir))
-        metrics["checkpointMs"] = _ms(t)
-        self._fault_point("commit:checkpointed")
+        published = False
         try:
+            t = time.perf_counter()
+            rocksdict.Checkpoint(db).create_checkpoint(str(checkpoint_dir))
+            metrics["checkpointMs"] = _ms(t)
+            self._fault_point("commit:checkpointed")
             with self.commit_attempt(version) as lease:
                 t = time.perf_counter()
                 shared, private, to_upload = self._plan_files(checkpoint_dir, base, version, lease.token)
@@ -288,14 +345,16 @@ class RocksDBBackend(StateBackend):
                 body = manifest.to_json()
                 lease.check_before_publish()
                 self.remote.publish(manifest_path(version), body)  # the commit point
+                published = True
                 metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
-            kept = self.local_copies is not None and self.local_copies.save(
-                version, manifest.manifest_id, checkpoint_dir
-            )
-            metrics["localCopySaved"] = int(kept)
+            if self.local_copies is not None:
+                saved = self.local_copies.save(version, manifest.manifest_id, checkpoint_dir)
+                metrics["localCopySaved"] = int(saved.kept)
+                metrics["localCopyBytesCopied"] = saved.bytes_copied
         finally:
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # already moved when a local copy was kept
+            if view_dir is None or not published:
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a view only for a published version
         self._db_version, self._db_manifest_id, self._db_num_keys = version, manifest.manifest_id, num_keys
         bytes_uploaded = sum(r.size for r in uploaded)
         metrics.update(

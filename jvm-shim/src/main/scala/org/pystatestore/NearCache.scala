@@ -20,16 +20,17 @@ final class PrefixKeySpec(keySchema: StructType, val numColsPrefixKey: Int) exte
 }
 
 /**
- * One committed version of a store as held in the JVM near-cache: a persistent (structurally
- * shared) hash map, so a new version costs O(changes) and older versions stay valid for readers
- * and retries without copying. `prefixIndex` exists only for prefix-scan stores.
+ * One committed version of a store held on the JVM heap (the memory backend's near-cache, and the
+ * empty version 0 of every store): a persistent (structurally shared) hash map, so a new version
+ * costs O(changes) and older versions stay valid for readers and retries without copying.
+ * `prefixIndex` exists only for prefix-scan stores.
  */
 final class VersionState(
     val version: Long,
     val map: HashMap[UnsafeRow, UnsafeRow],
     val prefixIndex: HashMap[UnsafeRow, HashSet[UnsafeRow]],
     val dataBytes: Long,
-    val manifestId: String = "") {
+    val manifestId: String = "") extends CommittedVersion {
 
   def numKeys: Long = map.size.toLong
 
@@ -37,6 +38,13 @@ final class VersionState(
   def memoryBytes: Long = dataBytes + numKeys * VersionState.PerEntryOverhead
 
   def get(key: UnsafeRow): UnsafeRow = map.getOrElse(key, null)
+
+  override def contains(key: UnsafeRow): Boolean = map.contains(key)
+
+  override def pairs(): PairIterator = PairIterator.of(map.iterator)
+
+  override def withPrefix(prefix: UnsafeRow): PairIterator =
+    PairIterator.of(keysWithPrefix(prefix).iterator.map(k => (k, map(k))))
 
   def keysWithPrefix(prefix: UnsafeRow): HashSet[UnsafeRow] =
     if (prefixIndex == null) HashSet.empty else prefixIndex.getOrElse(prefix, HashSet.empty)
@@ -110,10 +118,14 @@ object VersionState {
 /**
  * The uncommitted writes of one version (DESIGN §2 write buffer). Deletes are kept as a tombstone
  * so lookups never fall through to the base version. Concurrent maps, because Spark may update
- * the store while iterating over it.
+ * the store while iterating over it. For each written key the buffer remembers, when known,
+ * whether the base version has it (the store saw it when Spark read the key before writing it),
+ * so the commit counts keys without looking each one up again.
  */
 final class WriteBuffer(prefixed: Boolean) {
   val entries = new ConcurrentHashMap[UnsafeRow, UnsafeRow]()
+  /** Keys whose presence in the base version is known: key -> present. */
+  val inBase = new ConcurrentHashMap[UnsafeRow, java.lang.Boolean]()
   private val byPrefix = new ConcurrentHashMap[UnsafeRow, java.util.Set[UnsafeRow]]()
 
   def lookup(key: UnsafeRow): UnsafeRow = entries.get(key)
@@ -121,6 +133,21 @@ final class WriteBuffer(prefixed: Boolean) {
   def put(key: UnsafeRow, value: UnsafeRow, prefix: => UnsafeRow): Unit = {
     entries.put(key, value)
     if (prefixed) byPrefix.computeIfAbsent(prefix, _ => ConcurrentHashMap.newKeySet()).add(key)
+  }
+
+  /** Records whether the base version has `key` (a buffered key), if not known already. */
+  def knowInBase(key: UnsafeRow, present: Boolean): Unit = inBase.putIfAbsent(key, present)
+
+  /** Does the base version have `key`? Asks `base` only for keys not seen when Spark read them. */
+  def presentInBase(key: UnsafeRow, base: CommittedVersion): Boolean = {
+    val known = inBase.get(key)
+    if (known != null) known.booleanValue() else base.contains(key)
+  }
+
+  def clear(): Unit = {
+    entries.clear()
+    inBase.clear()
+    byPrefix.clear()
   }
 
   def keysWithPrefix(prefix: UnsafeRow): Iterator[UnsafeRow] = {

@@ -15,23 +15,30 @@ trait PythonStateService {
   /** Returns `{"protocol": N, "pid": P, "backends": [...]}`. */
   def hello(): String
 
-  /** Opens (or re-opens) a store from a JSON description; returns `{"handle": "..."}`. */
+  /**
+   * Opens (or re-opens) a store from a JSON description; returns
+   * `{"handle", "readPath": "view"|"frame", "keyEncoding"}`.
+   */
   def openStore(storeJson: String): String
 
   /**
-   * Writes the key/value pairs of `version` to `outPath` as an Arrow IPC stream with schema
-   * (key: binary, value: binary). Returns `{"numKeys", "bytes", "source", "loadMs"}`.
+   * Makes `version` readable by the JVM. Backends read through views (rocksdb) leave a read-only
+   * RocksDB checkpoint of it at `viewDir` (a new directory the JVM owns from then on); the memory
+   * backend writes its key/value pairs to `outPath` as an Arrow IPC stream with schema
+   * (key: binary, value: binary). Returns `{"manifestId", "numKeys", "bytes", "source", "loadMs"}`.
    */
-  def load(handle: String, version: Long, outPath: String): String
+  def load(handle: String, version: Long, outPath: String, viewDir: String): String
 
   /**
    * Applies the changes in `changesPath` (Arrow IPC stream: op int8, key binary, value binary) to
    * `baseVersion` and makes `baseVersion + 1` durable. Returns only once the manifest is written.
    * `baseManifestId` names the attempt at the base version the changes were computed on ("" for
    * version 0); the worker refuses the commit if another attempt has since replaced it.
+   * `numKeys` is the new version's key count (the JVM saw which keys existed). Backends read
+   * through views leave the new version's read view at `viewDir`.
    */
   def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
-      attemptId: String): String
+      attemptId: String, numKeys: Long, viewDir: String): String
 
   /** Applies retention and removes files no retained version needs. */
   def maintenance(handle: String): String

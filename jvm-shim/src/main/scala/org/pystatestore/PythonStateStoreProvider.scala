@@ -20,9 +20,11 @@ import org.apache.spark.sql.execution.streaming.state.pystatestore.SparkInternal
 import org.apache.spark.sql.types.StructType
 
 /**
- * Spark's entry point to pystatestore. Thin by design (DESIGN §2): it keeps committed versions in
- * a JVM near-cache and the running version's writes in a buffer, so per-row calls never leave the
- * JVM; loads, commits and maintenance go to the per-JVM Python worker, which owns durability.
+ * Spark's entry point to pystatestore. Thin by design (DESIGN §2): the running version's writes
+ * stay in a buffer and committed versions are read in this JVM (from the read-only RocksDB view
+ * the worker leaves on local disk, or, for the memory backend, from a heap near-cache), so per-row
+ * calls never leave the JVM; loads, commits and maintenance go to the per-JVM Python worker, which
+ * owns durability.
  */
 class PythonStateStoreProvider extends StateStoreProvider with Logging {
   import PythonStateStoreProvider._
@@ -38,6 +40,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   private var storeLocation: String = _
 
   @volatile private var hasCommitted = false
+  private var counted = false
 
   /** Worker generation in which `openStore` was last called for this store. */
   private var openedInGeneration = -1
@@ -45,9 +48,17 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   /** Set when a call timed out: the next call opens the store afresh under a new handle. */
   private var abandonedHandle: Option[String] = None
 
-  /** Recent committed versions; persistent maps share structure, so keeping a few is cheap. */
-  private val cachedVersions = new mutable.LinkedHashMap[Long, VersionState]()
+  /**
+   * Recent committed versions: open read views (each holds one reference), or persistent maps
+   * that share structure (memory backend), so keeping a few is cheap.
+   */
+  private val cachedVersions = new mutable.LinkedHashMap[Long, CommittedVersion]()
   private var versionsInMemory = 2
+  /** Read committed versions through RocksDB views (rocksdb backend) or from the heap (memory). */
+  private var usesViews = true
+  private var keyCodec: KeyCodec = _
+  /** Stores handed out and not yet released: the provider releases them when it closes. */
+  private val liveStores = new java.util.LinkedHashSet[StoreResources]()
 
   override def init(
       stateStoreId: StateStoreId,
@@ -60,6 +71,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
     this.storeIdValue = stateStoreId
+    if (!counted) { counted = true; RocksViews.providerOpened() }
     this.keySchema = keySchema
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
@@ -80,6 +92,18 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     }
     versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
+    usesViews = storeConfs.sqlConfs.getOrElse(WorkerLaunchSpec.ConfPrefix + "backend", "rocksdb") != "memory"
+    keyCodec = prefixSpec match {
+      case Some(spec) if usesViews => new PrefixKeys(spec, keySchema.length)
+      case _ => new RawKeys(keySchema.length)
+    }
+    if (usesViews) {
+      val mb = storeConfs.sqlConfs.get(WorkerLaunchSpec.ConfPrefix + "jvmBlockCacheMB")
+        .map(v => scala.util.Try(v.trim.toLong).toOption.filter(_ > 0).getOrElse(throw new IllegalArgumentException(
+          s"${WorkerLaunchSpec.ConfPrefix}jvmBlockCacheMB=$v is not a positive number of MiB; fix or unset it")))
+        .getOrElse(RocksViews.DefaultBlockCacheMB)
+      RocksViews.configure(mb)
+    }
     val location = stateStoreId.storeCheckpointLocation()
     storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
     workerOptions = storeConfs.sqlConfs.collect {
@@ -106,6 +130,9 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       "valueSchema" -> JString(valueSchema.json),
       "minVersionsToRetain" -> JInt(storeConf.minVersionsToRetain),
       "localDir" -> JString(StateWorker.localStateDir.getAbsolutePath),
+      "viewsDir" -> JString(StateWorker.viewsDir.getAbsolutePath),
+      "hostDir" -> JString(StateWorker.hostDir.getAbsolutePath),
+      "keyEncoding" -> JString(keyCodec.name),
       "options" -> JObject(workerOptions))))
   }
 
@@ -128,9 +155,18 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       uniqueId: Option[String]): StateStore = readStore match {
     case r: PythonReadStateStore if r.version == version && r.id == stateStoreId =>
       rejectCheckpointIds(uniqueId)
+      r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base)
     case _ => getStore(version, uniqueId)
   }
+
+  /** Tracks a store's resources; released at the latest when its task ends or the provider closes. */
+  private[pystatestore] def track(store: StoreResources): Unit = {
+    synchronized { liveStores.add(store) }
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => store.releaseResources()))
+  }
+
+  private[pystatestore] def untrack(store: StoreResources): Unit = synchronized { liveStores.remove(store) }
 
   override def doMaintenance(): Unit = {
     // Only a provider that has written may delete: one opened just to read (e.g. the state data
@@ -145,7 +181,16 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   override def close(): Unit = {
-    synchronized { cachedVersions.clear() }
+    val (cached, stores) = synchronized {
+      val c = cachedVersions.values.toList
+      cachedVersions.clear()
+      val s = liveStores.asScala.toList
+      liveStores.clear()
+      (c, s)
+    }
+    stores.foreach(_.releaseResources())
+    cached.foreach(_.release())
+    if (counted) { counted = false; RocksViews.providerClosed() }
     StateWorker.currentWorker.filter(w => w.isUsable && w.generation == openedInGeneration)
       .foreach { w =>
         try StateWorker.call(w, s"close of $describeStore", launchSpec)(_.closeStore(handle))
@@ -173,7 +218,10 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
   }
 
-  /** Loads `version` for a task; any failure becomes Spark's CANNOT_LOAD_STATE_STORE. */
+  /**
+   * Loads `version` for a task, holding one reference to it for the caller; any failure becomes
+   * Spark's CANNOT_LOAD_STATE_STORE.
+   */
   private def loadForTask(version: Long): LoadedVersion = {
     try {
       if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
@@ -184,11 +232,15 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   private def loadVersion(version: Long): LoadedVersion = {
-    val cached = synchronized { cachedVersions.get(version) }
+    val cached = synchronized {
+      val c = cachedVersions.get(version)
+      c.foreach(_.retain())
+      c
+    }
     cached match {
       case Some(state) => LoadedVersion(state, LoadMetrics.fromCache)
       case None if version == 0 =>
-        LoadedVersion(VersionState.empty(0, prefixSpec.isDefined), LoadMetrics.fromCache)
+        LoadedVersion(VersionState.empty(0, prefixSpec.isDefined && !usesViews), LoadMetrics.fromCache)
       case None => loadFromWorker(version)
     }
   }
@@ -197,65 +249,113 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     val started = System.nanoTime()
     val worker = StateWorker.acquire(launchSpec)
     val file = new File(worker.exchangeDir, s"load-${UUID.randomUUID()}.arrow")
+    val viewDir = new File(StateWorker.viewsDir, s"v$version-${UUID.randomUUID()}")
     try {
       val reply = callWorker(worker, s"load of $describeStore version $version") { (svc, h) =>
-        svc.load(h, version, file.getAbsolutePath)
+        svc.load(h, version, file.getAbsolutePath, if (usesViews) viewDir.getAbsolutePath else "")
       }
-      val prefixOf = prefixSpec.map { spec =>
-        val proj = spec.newProjection()
-        (k: UnsafeRow) => proj(k).copy()
+      RocksViews.noteWorkerRss(longField(reply, "workerRssBytes"))
+      val state: CommittedVersion = if (usesViews) {
+        new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
+          keyCodec, numValueFields, describeStore)
+      } else {
+        val prefixOf = prefixSpec.map { spec =>
+          val proj = spec.newProjection()
+          (k: UnsafeRow) => proj(k).copy()
+        }
+        val rows = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
+        ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
+        VersionState.build(version, stringField(reply, "manifestId"), rows.iterator, prefixOf)
       }
-      val rows = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
-      ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
-      val state = VersionState.build(version, stringField(reply, "manifestId"), rows.iterator, prefixOf)
+      state.retain() // one reference for the cache, one for the caller
       remember(state)
       LoadedVersion(state, LoadMetrics(
         fromCache = false,
         totalMs = (System.nanoTime() - started) / 1000000,
         bytesRead = longField(reply, "bytes"),
         fromReply = replyMetrics(reply)))
+    } catch {
+      case NonFatal(e) =>
+        StateWorker.deleteRecursively(viewDir) // a view of a failed load is nobody's
+        throw e
     } finally file.delete()
   }
 
   /**
    * Ships `buffer` to the worker as version `base.version + 1` and waits until it is durable.
-   * Returns the new near-cache version and the commit's metrics.
+   * Returns the new committed version (holding one reference for the caller) and the commit's
+   * metrics. The key count is computed here, where Spark's reads showed which keys existed: the
+   * worker never reads keys for bookkeeping.
    */
   private[pystatestore] def commitVersion(
-      base: VersionState, buffer: WriteBuffer): (VersionState, Map[String, Long]) = {
+      base: CommittedVersion, buffer: WriteBuffer): (CommittedVersion, Map[String, Long]) = {
     val started = System.nanoTime()
     val newVersion = base.version + 1
+    // Only the heap near-cache needs the changes again after the frame is written.
+    val heapBase = base match { case h: VersionState if !usesViews => Some(h); case _ => None }
     val puts = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
     val deletes = mutable.ArrayBuffer.empty[UnsafeRow]
-    buffer.entries.forEach { (k, v) =>
-      if (v eq WriteBuffer.Tombstone) { if (base.map.contains(k)) deletes += k }
-      else puts += (k -> v)
-    }
+    var numKeys = base.numKeys
+    var changedRows = 0L
     val worker = StateWorker.acquire(launchSpec)
     val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
+    val viewDir = new File(StateWorker.viewsDir, s"v$newVersion-${UUID.randomUUID()}")
     try {
-      val changes = puts.iterator.map { case (k, v) => (ArrowFrames.OpPut, k.getBytes, v.getBytes) } ++
-        deletes.iterator.map(k => (ArrowFrames.OpDelete, k.getBytes, null: Array[Byte]))
+      // One pass over the buffer: counts keys and streams the frame (no copy of the buffer).
+      val changes = buffer.entries.entrySet().iterator().asScala.flatMap { e =>
+        val k = e.getKey
+        val v = e.getValue
+        val present = buffer.presentInBase(k, base)
+        if (v eq WriteBuffer.Tombstone) {
+          if (!present) None // deletes of absent keys are not sent
+          else {
+            numKeys -= 1
+            changedRows += 1
+            if (heapBase.isDefined) deletes += k
+            Some((ArrowFrames.OpDelete, keyCodec.encode(k), null: Array[Byte]))
+          }
+        } else {
+          if (!present) numKeys += 1
+          changedRows += 1
+          if (heapBase.isDefined) puts += (k -> v)
+          Some((ArrowFrames.OpPut, keyCodec.encode(k), v.getBytes))
+        }
+      }
       val frameBytes = ArrowFrames.writeChanges(file, changes)
       val writtenAt = System.nanoTime()
       val reply = try {
         callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
-          svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId())
+          svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys,
+            if (usesViews) viewDir.getAbsolutePath else "")
         }
       } catch {
         case e: StateWorkerException if e.errorType == "BaseVersionReplacedError" =>
           // Our cached base is an attempt the checkpoint no longer holds: forget it and what was
           // built on it, so the retried task loads the version the checkpoint has.
-          synchronized { cachedVersions.keys.filter(_ >= base.version).toList.foreach(cachedVersions.remove) }
+          forgetFrom(base.version)
+          StateWorker.deleteRecursively(viewDir)
+          throw e
+        case e: StateWorkerTimeoutException =>
+          throw e // the worker may still be writing the view; it removes it if the commit fails
+        case NonFatal(e) =>
+          StateWorker.deleteRecursively(viewDir)
           throw e
       }
-      val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
-        case Some(spec) =>
-          val proj = spec.newProjection()
-          (k: UnsafeRow) => proj(k).copy()
-        case None => _ => null
+      RocksViews.noteWorkerRss(longField(reply, "workerRssBytes"))
+      val state: CommittedVersion = heapBase match {
+        case Some(heap) =>
+          val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
+            case Some(spec) =>
+              val proj = spec.newProjection()
+              (k: UnsafeRow) => proj(k).copy()
+            case None => _ => null
+          }
+          heap.applyChanges(newVersion, stringField(reply, "manifestId"), puts, deletes, prefixOf)
+        case None =>
+          new RocksView(viewDir, newVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
+            keyCodec, numValueFields, describeStore)
       }
-      val state = base.applyChanges(newVersion, stringField(reply, "manifestId"), puts, deletes, prefixOf)
+      state.retain() // one reference for the cache, one for the caller
       remember(state)
       hasCommitted = true
       if (storeConf.commitValidationEnabled) {
@@ -265,15 +365,32 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       (state, replyMetrics(reply) ++ Map(
         MetricCommitMs -> (done - started) / 1000000,
         MetricBridgeMs -> (writtenAt - started) / 1000000,
-        MetricChangedRows -> (puts.size + deletes.size).toLong,
+        MetricChangedRows -> changedRows,
         MetricFrameBytes -> frameBytes))
     } finally file.delete()
   }
 
-  private def remember(state: VersionState): Unit = synchronized {
-    cachedVersions.remove(state.version)
-    cachedVersions.put(state.version, state)
-    while (cachedVersions.size > versionsInMemory) cachedVersions.remove(cachedVersions.head._1)
+  private def remember(state: CommittedVersion): Unit = {
+    val evicted = synchronized {
+      val out = mutable.ListBuffer.empty[CommittedVersion]
+      cachedVersions.remove(state.version).foreach(out += _)
+      cachedVersions.put(state.version, state)
+      while (cachedVersions.size > versionsInMemory) {
+        val (v, old) = cachedVersions.head
+        cachedVersions.remove(v)
+        out += old
+      }
+      out.toList
+    }
+    evicted.foreach(_.release())
+  }
+
+  private def forgetFrom(version: Long): Unit = {
+    val dropped = synchronized {
+      val vs = cachedVersions.keys.filter(_ >= version).toList
+      vs.flatMap(cachedVersions.remove)
+    }
+    dropped.foreach(_.release())
   }
 
   private def callWorker(what: String)(f: (PythonStateService, String) => String): JValue =
@@ -296,6 +413,12 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
           case _ => storeDescription
         }
         val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
+        val readPath = stringField(reply, "readPath")
+        if (readPath != (if (usesViews) "view" else "frame")) {
+          throw new IllegalStateException(s"pystatestore: the worker's backend for $describeStore is read " +
+            s"through '$readPath', but this provider expected '${if (usesViews) "view" else "frame"}' " +
+            s"(${WorkerLaunchSpec.ConfPrefix}backend). The jar and the Python package are of different releases.")
+        }
         handle = (reply \ "handle").asInstanceOf[JString].s
         openedInGeneration = worker.generation
         abandonedHandle = None
@@ -316,7 +439,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
 }
 
 /** A version handed to a store, with how it was obtained (for load metrics). */
-private[pystatestore] case class LoadedVersion(state: VersionState, load: LoadMetrics)
+private[pystatestore] case class LoadedVersion(state: CommittedVersion, load: LoadMetrics)
 
 private[pystatestore] case class LoadMetrics(
     fromCache: Boolean, totalMs: Long, bytesRead: Long,
@@ -338,6 +461,8 @@ object PythonStateStoreProvider {
   val MetricLoadMs = "pystatestoreLoadMs"
   val MetricLoadsFromWorker = "pystatestoreLoadsFromWorker"
   val MetricLoadedBytes = "pystatestoreLoadedBytes"
+  val MetricJvmBlockCacheBytes = "pystatestoreJvmBlockCacheBytes"
+  val MetricWorkerRssBytes = "pystatestoreWorkerRssBytes"
 
   /** Commit metrics the worker reports in its reply: (metric name, reply field). */
   val WorkerReplyMetrics: Seq[(String, String)] = Seq(
@@ -351,6 +476,8 @@ object PythonStateStoreProvider {
     "pystatestoreUploadMs" -> "uploadMs",
     "pystatestoreManifestMs" -> "manifestMs",
     "pystatestoreLocalCopiesSaved" -> "localCopySaved",
+    "pystatestoreLocalCopyBytesCopied" -> "localCopyBytesCopied",
+    "pystatestoreViewMs" -> "viewMs",
     "pystatestoreRestoreLocalFiles" -> "restoreLocalFiles",
     "pystatestoreRestoreLocalBytes" -> "restoreLocalBytes",
     "pystatestoreRestoreRemoteFiles" -> "restoreRemoteFiles",
@@ -390,6 +517,14 @@ object PythonStateStoreProvider {
     StateStoreCustomTimingMetric("pystatestoreManifestMs", "pystatestore: commit time writing the manifest"),
     StateStoreCustomSumMetric("pystatestoreLocalCopiesSaved",
       "pystatestore: versions kept as local recovery copies"),
+    StateStoreCustomSizeMetric("pystatestoreLocalCopyBytesCopied",
+      "pystatestore: bytes of local recovery copies copied, not hard-linked (another filesystem)"),
+    StateStoreCustomTimingMetric("pystatestoreViewMs",
+      "pystatestore: time the worker took to leave a loaded version as a read view"),
+    StateStoreCustomSizeMetric(MetricJvmBlockCacheBytes,
+      "pystatestore: this store's share of the JVM's RocksDB block cache in use (read views)"),
+    StateStoreCustomSizeMetric(MetricWorkerRssBytes,
+      "pystatestore: this store's share of the Python worker's resident memory"),
     StateStoreCustomSumMetric("pystatestoreRestoreLocalFiles",
       "pystatestore: files restored from local recovery copies"),
     StateStoreCustomSizeMetric("pystatestoreRestoreLocalBytes",
@@ -422,10 +557,35 @@ object PythonStateStoreProvider {
     AllCustomMetrics.map(m => m -> values.getOrElse(m.name, 0L)).toMap
 }
 
+/** What a store holds until it is released: a reference to its base version, open iterators. */
+private[pystatestore] trait StoreResources {
+  /** Idempotent; called by abort/release, at the end of the store's task, or when the provider closes. */
+  def releaseResources(): Unit
+}
+
+/** The base version a store reads, held until the store is released (once, whoever asks first). */
+private[pystatestore] final class BaseHold(provider: PythonStateStoreProvider, val state: CommittedVersion)
+  extends StoreResources {
+  private val released = new java.util.concurrent.atomic.AtomicBoolean(false)
+
+  def check(what: String): Unit = if (released.get) {
+    throw new IllegalStateException(s"Cannot $what on a released store of ${provider.describeStore} version " +
+      s"${state.version}")
+  }
+
+  override def releaseResources(): Unit = if (released.compareAndSet(false, true)) {
+    provider.untrack(this)
+    state.release()
+  }
+}
+
 /** Read-only view of one loaded version (Spark's ReadStateStore). */
 class PythonReadStateStore private[pystatestore] (
     provider: PythonStateStoreProvider,
     loaded: LoadedVersion) extends ReadStateStore {
+
+  private val hold = new BaseHold(provider, loaded.state)
+  provider.track(hold)
 
   private[pystatestore] def base: LoadedVersion = loaded
 
@@ -434,6 +594,7 @@ class PythonReadStateStore private[pystatestore] (
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     StoreChecks.defaultFamily(colFamilyName, provider)
+    hold.check("get")
     loaded.state.get(key)
   }
 
@@ -444,23 +605,22 @@ class PythonReadStateStore private[pystatestore] (
       : StateStoreIterator[UnsafeRowPair] = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
-    val pair = new UnsafeRowPair()
-    val st = loaded.state
-    new StateStoreIterator(st.keysWithPrefix(prefixKey).iterator.map(k => pair.withRows(k, st.get(k))))
+    hold.check("prefixScan")
+    StoreChecks.pairs(loaded.state.withPrefix(prefixKey))
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     StoreChecks.defaultFamily(colFamilyName, provider)
-    val pair = new UnsafeRowPair()
-    new StateStoreIterator(loaded.state.map.iterator.map { case (k, v) => pair.withRows(k, v) })
+    hold.check("iterator")
+    StoreChecks.pairs(loaded.state.pairs())
   }
 
-  override def abort(): Unit = ()
-  override def release(): Unit = ()
+  override def abort(): Unit = hold.releaseResources()
+  override def release(): Unit = hold.releaseResources()
   override def toString: String = s"PythonReadStateStore[${provider.describeStore}, version $version]"
 }
 
-/** A writable version: near-cache base + write buffer, committed through the Python worker. */
+/** A writable version: its base version + a write buffer, committed through the Python worker. */
 class PythonStateStore private[pystatestore] (
     provider: PythonStateStoreProvider,
     loaded: LoadedVersion) extends StateStore {
@@ -472,9 +632,13 @@ class PythonStateStore private[pystatestore] (
 
   @volatile private var phase: Phase = Updating
   private val base = loaded.state
+  private val hold = new BaseHold(provider, base)
+  provider.track(hold)
   private val buffer = new WriteBuffer(provider.prefix.isDefined)
   private lazy val prefixProjection = provider.prefix.map(_.newProjection())
-  @volatile private var committed: VersionState = _
+  /** The key Spark read last and whether the base has it: most writes follow a read of the key. */
+  @volatile private var lastRead: (UnsafeRow, Boolean) = _
+  @volatile private var committed: CommittedVersion = _
   @volatile private var commitMetrics: Map[String, Long] = Map.empty
 
   override def id: StateStoreId = provider.stateStoreId
@@ -482,9 +646,13 @@ class PythonStateStore private[pystatestore] (
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     StoreChecks.defaultFamily(colFamilyName, provider)
+    hold.check("get")
     val pending = buffer.lookup(key)
-    if (pending == null) base.get(key)
-    else if (pending eq WriteBuffer.Tombstone) null
+    if (pending == null) {
+      val v = base.get(key)
+      lastRead = (key.copy(), v != null)
+      v
+    } else if (pending eq WriteBuffer.Tombstone) null
     else pending
   }
 
@@ -492,15 +660,20 @@ class PythonStateStore private[pystatestore] (
     StoreChecks.defaultFamily(colFamilyName, provider)
     require(value != null, "Cannot put a null value")
     requireUpdating("put")
-    val keyCopy = key.copy()
-    buffer.put(keyCopy, value.copy(), prefixOf(keyCopy))
+    write(key, value.copy())
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     requireUpdating("remove")
+    write(key, WriteBuffer.Tombstone)
+  }
+
+  private def write(key: UnsafeRow, value: UnsafeRow): Unit = {
     val keyCopy = key.copy()
-    buffer.put(keyCopy, WriteBuffer.Tombstone, prefixOf(keyCopy))
+    val read = lastRead
+    if (read != null && read._1 == keyCopy) buffer.knowInBase(keyCopy, read._2)
+    buffer.put(keyCopy, value, prefixOf(keyCopy))
   }
 
   private def prefixOf(key: UnsafeRow): UnsafeRow = prefixProjection match {
@@ -510,29 +683,28 @@ class PythonStateStore private[pystatestore] (
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     StoreChecks.defaultFamily(colFamilyName, provider)
-    // A point-in-time view of the buffer, so concurrent updates neither break nor hide entries.
+    hold.check("iterator")
+    // A point-in-time view of the buffer, so concurrent updates neither break nor hide entries;
+    // the base is immutable.
     val pending = new java.util.HashMap[UnsafeRow, UnsafeRow](buffer.entries)
-    val pair = new UnsafeRowPair()
     val fromBuffer = pending.entrySet().iterator().asScala
-      .filterNot(_.getValue eq WriteBuffer.Tombstone).map(e => pair.withRows(e.getKey, e.getValue))
-    val fromBase = base.map.iterator.filter { case (k, _) => !pending.containsKey(k) }
-      .map { case (k, v) => pair.withRows(k, v) }
-    new StateStoreIterator(fromBuffer ++ fromBase)
+      .filterNot(_.getValue eq WriteBuffer.Tombstone).map(e => (e.getKey, e.getValue))
+    val fromBase = base.pairs()
+    StoreChecks.pairs(fromBuffer ++ fromBase.filter { case (k, _) => !pending.containsKey(k) }, fromBase)
   }
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
       : StateStoreIterator[UnsafeRowPair] = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
-    val pair = new UnsafeRowPair()
+    hold.check("prefixScan")
     val pendingKeys = buffer.keysWithPrefix(prefixKey).toSet
     val fromBuffer = pendingKeys.iterator.flatMap { k =>
       val v = buffer.lookup(k)
-      if (v == null || (v eq WriteBuffer.Tombstone)) None else Some(pair.withRows(k, v))
+      if (v == null || (v eq WriteBuffer.Tombstone)) None else Some((k, v))
     }
-    val fromBase = base.keysWithPrefix(prefixKey).iterator.filterNot(pendingKeys.contains)
-      .map(k => pair.withRows(k, base.get(k)))
-    new StateStoreIterator(fromBuffer ++ fromBase)
+    val fromBase = base.withPrefix(prefixKey)
+    StoreChecks.pairs(fromBuffer ++ fromBase.filter { case (k, _) => !pendingKeys.contains(k) }, fromBase)
   }
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
@@ -558,8 +730,12 @@ class PythonStateStore private[pystatestore] (
 
   override def commit(): Long = {
     requireUpdating("commit")
+    hold.check("commit")
     try {
       val (state, metrics) = provider.commitVersion(base, buffer)
+      // Spark may still read the store after committing (complete mode reads all rows): the store
+      // keeps reading base + buffer, which is the committed version, until it is released.
+      state.release() // the provider's cache keeps the new version
       committed = state
       commitMetrics = metrics
       phase = Committed
@@ -573,11 +749,18 @@ class PythonStateStore private[pystatestore] (
     // Nothing reached the worker unless commit() was called; a failed commit cleans up after itself.
     if (phase != Committed) {
       phase = Aborted
-      buffer.entries.clear()
+      buffer.clear()
+      hold.releaseResources()
     }
   }
 
-  override def release(): Unit = abort()
+  override def release(): Unit = {
+    if (phase != Committed) {
+      phase = Aborted
+      buffer.clear()
+    }
+    hold.releaseResources()
+  }
 
   override def hasCommitted: Boolean = phase == Committed
 
@@ -585,24 +768,33 @@ class PythonStateStore private[pystatestore] (
     val state = committed
     val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes) else {
       var n = base.numKeys
+      var bytes = 0L
       buffer.entries.forEach { (k, v) =>
-        val inBase = base.map.contains(k)
-        if ((v eq WriteBuffer.Tombstone) && inBase) n -= 1
-        else if (!(v eq WriteBuffer.Tombstone) && !inBase) n += 1
+        bytes += k.getSizeInBytes + v.getSizeInBytes + VersionState.PerEntryOverhead
+        val known = buffer.inBase.get(k)
+        if (known != null) {
+          if ((v eq WriteBuffer.Tombstone) && known.booleanValue()) n -= 1
+          else if (!(v eq WriteBuffer.Tombstone) && !known.booleanValue()) n += 1
+        }
       }
-      (n, base.memoryBytes)
+      (n, base.memoryBytes + bytes)
     }
+    // Memory is reported honestly: the JVM block cache (in a view's memoryBytes) and the worker's
+    // resident memory, each shared out over the stores open in this JVM so that sums add up.
+    val memoryWithWorker = memory + RocksViews.workerRssShare
     val load = loaded.load
     val loadValues = Map(
       PythonStateStoreProvider.MetricLoadMs -> load.totalMs,
       PythonStateStoreProvider.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
-      PythonStateStoreProvider.MetricLoadedBytes -> load.bytesRead)
+      PythonStateStoreProvider.MetricLoadedBytes -> load.bytesRead,
+      PythonStateStoreProvider.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
+      PythonStateStoreProvider.MetricWorkerRssBytes -> RocksViews.workerRssShare)
     // A store may restore twice (once to load, once before committing): sum what both reported.
     val loadSide = load.fromReply ++ loadValues
     val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
       k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
     }.toMap
-    StateStoreMetrics(keys, memory, PythonStateStoreProvider.metricsMap(combined), Map.empty)
+    StateStoreMetrics(keys, memoryWithWorker, PythonStateStoreProvider.metricsMap(combined), Map.empty)
   }
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
@@ -630,6 +822,13 @@ private[pystatestore] object StoreChecks {
       throw new IllegalStateException(s"prefixScan on ${provider.describeStore}, which was not " +
         "opened with a prefix-scan key encoder")
     }
+  }
+
+  /** Spark's iterator over `pairs`; closing it (or its task ending) closes `resources` too. */
+  def pairs(pairs: Iterator[(UnsafeRow, UnsafeRow)], resources: AutoCloseable = null): StateStoreIterator[UnsafeRowPair] = {
+    val pair = new UnsafeRowPair()
+    val toClose = Option(resources).orElse(pairs match { case c: AutoCloseable => Some(c); case _ => None })
+    new StateStoreIterator(pairs.map { case (k, v) => pair.withRows(k, v) }, () => toClose.foreach(_.close()))
   }
 
   def noMultipleValues(provider: PythonStateStoreProvider): Throwable =

@@ -141,7 +141,7 @@ final class WorkerRegistration(token: String) {
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
-  val ProtocolVersion = 2
+  val ProtocolVersion = 3
   private var current: RunningWorker = _
   private var generations = 0
   private var anyDiedAbnormally = false
@@ -271,6 +271,19 @@ object StateWorker extends Logging {
     dir
   }
 
+  /**
+   * Where the worker leaves read views (RocksDB checkpoints) for this JVM, on the same filesystem
+   * as the local databases so views are hard links. The JVM owns them: it deletes each once closed.
+   */
+  def viewsDir: File = {
+    val dir = new File(workRoot(), "views")
+    dir.mkdirs()
+    dir
+  }
+
+  /** This host's base directory for pystatestore: spark.local.dir, else java.io.tmpdir. */
+  def hostDir: File = synchronized { workRoot().getParentFile }
+
   private def workBase(): File = new File(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
     .map(_.split(",").head.trim).filter(_.nonEmpty)
     .getOrElse(System.getProperty("java.io.tmpdir")))
@@ -353,6 +366,9 @@ object StateWorker extends Logging {
     command.add("pystatestore.worker")
     val pb = new ProcessBuilder(command)
     val env = pb.environment()
+    // Threads (uploads, RocksDB) would each get a glibc malloc arena; few arenas keep the
+    // worker's resident memory close to what it uses. A value the user set is kept.
+    if (env.get("MALLOC_ARENA_MAX") == null) env.put("MALLOC_ARENA_MAX", "2")
     spec.pythonPath.foreach { p =>
       env.put("PYTHONPATH", (p +: Option(env.get("PYTHONPATH")).toSeq).mkString(File.pathSeparator))
     }

@@ -1,0 +1,303 @@
+package org.pystatestore
+
+import java.io.File
+import java.nio.ByteBuffer
+import java.util.concurrent.atomic.AtomicLong
+import java.util.concurrent.locks.ReentrantReadWriteLock
+
+import scala.util.control.NonFatal
+
+import org.rocksdb.{BlockBasedTableConfig, BloomFilter, LRUCache, Options, ReadOptions, RocksDB, RocksDBException, RocksIterator}
+
+import org.apache.spark.TaskContext
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.unsafe.Platform
+
+/** An iterator over state pairs that holds resources until it is exhausted or closed. */
+trait PairIterator extends Iterator[(UnsafeRow, UnsafeRow)] with AutoCloseable
+
+object PairIterator {
+  def of(it: Iterator[(UnsafeRow, UnsafeRow)]): PairIterator = new PairIterator {
+    override def hasNext: Boolean = it.hasNext
+    override def next(): (UnsafeRow, UnsafeRow) = it.next()
+    override def close(): Unit = ()
+  }
+}
+
+/**
+ * A committed version as a store reads it: on the heap (`VersionState`, the memory backend) or a
+ * read-only RocksDB view the worker left on local disk (`RocksView`, the rocksdb backend). Views
+ * are reference counted: whoever holds one calls `release()` exactly once.
+ */
+trait CommittedVersion {
+  def version: Long
+  def manifestId: String
+  def numKeys: Long
+  def get(key: UnsafeRow): UnsafeRow
+  def contains(key: UnsafeRow): Boolean = get(key) != null
+  def pairs(): PairIterator
+  /** Pairs whose key starts with `prefix` (prefix-scan stores only). */
+  def withPrefix(prefix: UnsafeRow): PairIterator
+  /** JVM memory this version holds (an estimate; a view reports its share of shared caches). */
+  def memoryBytes: Long
+  def retain(): Unit = ()
+  def release(): Unit = ()
+}
+
+/**
+ * How a store's keys are laid out in RocksDB. `raw` is Spark's key row as it is. `prefix-v1`
+ * (prefix-scan stores, e.g. session windows) puts the prefix first: a 4-byte big-endian length of
+ * the prefix row, the prefix row, then the whole key row, so a prefix scan is a seek over a byte
+ * prefix and decoding a key is a slice. Must match KEY_ENCODING_* in python/pystatestore/manifest.py.
+ */
+sealed trait KeyCodec extends Serializable {
+  def name: String
+  def encode(key: UnsafeRow): Array[Byte]
+  def decode(bytes: Array[Byte]): UnsafeRow
+  def scanPrefix(prefix: UnsafeRow): Array[Byte]
+}
+
+object KeyCodec {
+  val Raw = "raw"
+  val Prefix = "prefix-v1"
+
+  private[pystatestore] def row(bytes: Array[Byte], offset: Int, length: Int, numFields: Int): UnsafeRow = {
+    val r = new UnsafeRow(numFields)
+    r.pointTo(bytes, Platform.BYTE_ARRAY_OFFSET + offset, length)
+    r
+  }
+}
+
+final class RawKeys(numKeyFields: Int) extends KeyCodec {
+  override def name: String = KeyCodec.Raw
+  override def encode(key: UnsafeRow): Array[Byte] = key.getBytes
+  override def decode(bytes: Array[Byte]): UnsafeRow = KeyCodec.row(bytes, 0, bytes.length, numKeyFields)
+  override def scanPrefix(prefix: UnsafeRow): Array[Byte] =
+    throw new IllegalStateException("prefix scan on a store without a prefix-scan key encoder")
+}
+
+final class PrefixKeys(spec: PrefixKeySpec, numKeyFields: Int) extends KeyCodec {
+  // Projections are not thread-safe; Spark may call a store from more than one thread.
+  @transient private lazy val projection = new ThreadLocal[UnsafeProjection] {
+    override def initialValue(): UnsafeProjection = spec.newProjection()
+  }
+
+  override def name: String = KeyCodec.Prefix
+
+  override def encode(key: UnsafeRow): Array[Byte] = {
+    val prefix = projection.get().apply(key)
+    val out = ByteBuffer.allocate(4 + prefix.getSizeInBytes + key.getSizeInBytes)
+    out.putInt(prefix.getSizeInBytes)
+    prefix.writeTo(out)
+    key.writeTo(out)
+    out.array()
+  }
+
+  override def decode(bytes: Array[Byte]): UnsafeRow = {
+    val prefixLength = ByteBuffer.wrap(bytes, 0, 4).getInt
+    val start = 4 + prefixLength
+    KeyCodec.row(bytes, start, bytes.length - start, numKeyFields)
+  }
+
+  override def scanPrefix(prefix: UnsafeRow): Array[Byte] = {
+    val out = ByteBuffer.allocate(4 + prefix.getSizeInBytes)
+    out.putInt(prefix.getSizeInBytes)
+    prefix.writeTo(out)
+    out.array()
+  }
+}
+
+/**
+ * The JVM's RocksDB resources, shared by every view in this JVM: the native library, one LRU
+ * block cache bounded by `jvmBlockCacheMB` (index and filter blocks are kept in it too, so the
+ * bound covers them), and the options views are opened with.
+ */
+object RocksViews extends Logging {
+  val DefaultBlockCacheMB = 64L
+  private var cache: LRUCache = _
+  private var options: Options = _
+  private var capacityBytes = 0L
+  private val openViews = new AtomicLong()
+  /** Providers open in this JVM: shared memory is reported per store as its share. */
+  private val openProviders = new AtomicLong()
+  @volatile private var workerRss = 0L
+
+  def configure(blockCacheMB: Long): Unit = synchronized {
+    if (options == null) {
+      RocksDB.loadLibrary()
+      capacityBytes = blockCacheMB * 1024 * 1024
+      cache = new LRUCache(capacityBytes)
+      val table = new BlockBasedTableConfig()
+        .setBlockCache(cache)
+        .setCacheIndexAndFilterBlocks(true)
+        .setFilterPolicy(new BloomFilter(10))
+      options = new Options()
+        .setCreateIfMissing(false)
+        .setMaxOpenFiles(-1)
+        .setTableFormatConfig(table)
+    } else if (blockCacheMB * 1024 * 1024 != capacityBytes) {
+      logWarning(s"pystatestore: the JVM block cache was already sized at ${capacityBytes >> 20} MiB by the first " +
+        s"store; ignoring jvmBlockCacheMB=$blockCacheMB")
+    }
+  }
+
+  private[pystatestore] def open(dir: File): RocksDB = {
+    val opts = synchronized {
+      if (options == null) configure(DefaultBlockCacheMB)
+      options
+    }
+    val db = RocksDB.openReadOnly(opts, dir.getPath)
+    openViews.incrementAndGet()
+    db
+  }
+
+  private[pystatestore] def closed(): Unit = openViews.decrementAndGet()
+
+  def blockCacheUsage: Long = synchronized { if (cache == null) 0L else cache.getUsage }
+
+  def noteWorkerRss(bytes: Long): Unit = if (bytes > 0) workerRss = bytes
+
+  def providerOpened(): Unit = openProviders.incrementAndGet()
+  def providerClosed(): Unit = openProviders.decrementAndGet()
+  def viewsOpen: Long = openViews.get()
+
+  private def share(total: Long): Long = total / math.max(1L, openProviders.get())
+
+  /** One store's share of the JVM block cache in use. */
+  def blockCacheShare: Long = share(blockCacheUsage)
+
+  /** One store's share of the Python worker's resident memory (as of its last reply). */
+  def workerRssShare: Long = share(workerRss)
+
+  def version: String = try RocksDB.rocksdbVersion().toString catch { case NonFatal(_) => "unknown" }
+}
+
+/**
+ * A committed version read from the read-only RocksDB checkpoint the worker left at `dir`. Opened
+ * on first use; closed and deleted once the last holder releases it (the provider's cache holds
+ * the first reference, each store and each open iterator one more). Reads hold a read lock and the
+ * final close the write lock, so no native call ever runs on a closed handle.
+ */
+final class RocksView(
+    val dir: File,
+    val version: Long,
+    val manifestId: String,
+    val numKeys: Long,
+    codec: KeyCodec,
+    numValueFields: Int,
+    describe: String) extends CommittedVersion with Logging {
+
+  private val lock = new ReentrantReadWriteLock()
+  private var refs = 1
+  private var db: RocksDB = _
+  private var closed = false
+  private var readOptionsValue: ReadOptions = _
+
+  private def readOptions: ReadOptions = synchronized {
+    if (readOptionsValue == null) readOptionsValue = new ReadOptions().setVerifyChecksums(true)
+    readOptionsValue
+  }
+
+  private def reading[T](f: RocksDB => T): T = {
+    val rl = lock.readLock()
+    rl.lock()
+    try {
+      if (closed) throw new IllegalStateException(s"the read view of $describe version $version is closed")
+      f(handle())
+    } finally rl.unlock()
+  }
+
+  private def handle(): RocksDB = {
+    var h = db
+    if (h == null) synchronized {
+      if (db == null) {
+        db = try RocksViews.open(dir) catch {
+          case e: RocksDBException => throw new IllegalStateException(
+            s"pystatestore: the read view of $describe version $version at $dir does not open in Spark's " +
+              s"rocksdbjni ${RocksViews.version} (${e.getMessage}). The worker's RocksDB wrote a format this JVM " +
+              "cannot read: install the pystatestore release built for this Spark version.", e)
+        }
+      }
+      h = db
+    }
+    h
+  }
+
+  override def get(key: UnsafeRow): UnsafeRow = {
+    val v = reading(_.get(readOptions, codec.encode(key)))
+    if (v == null) null else KeyCodec.row(v, 0, v.length, numValueFields)
+  }
+
+  override def contains(key: UnsafeRow): Boolean = reading(_.keyExists(readOptions, codec.encode(key)))
+
+  override def pairs(): PairIterator = iterate(_.seekToFirst(), null)
+
+  override def withPrefix(prefix: UnsafeRow): PairIterator = {
+    val p = codec.scanPrefix(prefix)
+    iterate(_.seek(p), p)
+  }
+
+  /** A native iterator positioned by `position`, kept while keys start with `prefix` (if given). */
+  private def iterate(position: RocksIterator => Unit, prefix: Array[Byte]): PairIterator = {
+    retain() // the iterator holds the view open until it is exhausted or closed
+    val it = try reading { d => val i = d.newIterator(readOptions); position(i); i } catch {
+      case NonFatal(e) => release(); throw e
+    }
+    val iter = new PairIterator {
+      private var done = false
+      override def hasNext: Boolean = !done && {
+        val more = reading(_ => it.isValid && (prefix == null || startsWith(it.key(), prefix)))
+        if (!more) close()
+        more
+      }
+      override def next(): (UnsafeRow, UnsafeRow) = {
+        if (!hasNext) throw new NoSuchElementException("no more pairs in the read view")
+        val (k, v) = reading { _ => val kv = (it.key(), it.value()); it.next(); kv }
+        (codec.decode(k), KeyCodec.row(v, 0, v.length, numValueFields))
+      }
+      override def close(): Unit = if (!done) {
+        done = true
+        try reading(_ => it.close()) finally release()
+      }
+    }
+    // An iterator Spark leaves unfinished is closed with its task, like Spark's own RocksDB does.
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => iter.close()))
+    iter
+  }
+
+  private def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
+    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
+
+  override def memoryBytes: Long = RocksViews.blockCacheShare
+
+  override def retain(): Unit = synchronized {
+    if (refs <= 0) throw new IllegalStateException(s"the read view of $describe version $version is closed")
+    refs += 1
+  }
+
+  override def release(): Unit = {
+    val last = synchronized {
+      refs -= 1
+      refs == 0
+    }
+    if (last) closeAndDelete()
+  }
+
+  private def closeAndDelete(): Unit = {
+    val wl = lock.writeLock()
+    wl.lock()
+    try {
+      closed = true
+      if (db != null) {
+        db.close()
+        db = null
+        RocksViews.closed()
+      }
+      synchronized { if (readOptionsValue != null) readOptionsValue.close() }
+    } finally wl.unlock()
+    StateWorker.deleteRecursively(dir)
+  }
+
+  override def toString: String = s"RocksView($describe, version $version, $dir)"
+}
