@@ -39,8 +39,8 @@ RUNS = {
     "pss-memory": (OURS, "memory"),
 }
 BREAKDOWN = [
-    ("apply changes to RocksDB", "pystatestoreApplyMs"),
-    ("flush", "pystatestoreFlushMs"),
+    ("write changes as an SST file", "pystatestoreApplyMs"),
+    ("ingest it into RocksDB", "pystatestoreFlushMs"),
     ("native checkpoint (hard links)", "pystatestoreCheckpointMs"),
     ("upload new files", "pystatestoreUploadMs"),
     ("write manifest", "pystatestoreManifestMs"),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from backend_support import changes, commit, make_backend, state_of
-from pystatestore.errors import CheckpointDamagedError
+from pystatestore.errors import CheckpointDamagedError, StoreConfigError
 
 
 @pytest.fixture
@@ -22,7 +24,8 @@ def manifest(store_dir: Path, version: int) -> dict:
 
 def test_commits_are_incremental(store_dir: Path, tmp_path: Path) -> None:
     b = make_backend("rocksdb", store_dir, tmp_path)
-    first = commit(b, 0, changes({f"k{i}".encode(): b"v" * 100 for i in range(5000)}), "t1")
+    rnd = random.Random(1)  # incompressible values: the first version's SSTs are large
+    first = commit(b, 0, changes({f"k{i}".encode(): rnd.randbytes(100) for i in range(5000)}), "t1")
     second = commit(b, 1, changes({b"k1": b"changed"}), "t2")
     m1, m2 = manifest(store_dir, 1), manifest(store_dir, 2)
     assert m1["shared"] and all(ref in m2["shared"].values() for ref in m1["shared"].values())
@@ -89,3 +92,30 @@ def test_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: P
     assert on_disk == referenced
     assert first_ssts <= on_disk  # still used by the retained versions
     assert sorted(p.name for p in (store_dir / "manifests").iterdir()) == ["4.json", "5.json"]
+
+
+def stream(table: pa.Table, rows_per_batch: int) -> pa.RecordBatchReader:
+    """A change frame as the JVM's arrives: a stream of batches, applied in the order given."""
+    return pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=rows_per_batch))
+
+
+@pytest.mark.parametrize("rows_per_batch", [100, 1], ids=["within-a-batch", "across-batches"])
+def test_an_unsorted_frame_is_refused_and_the_store_carries_on(
+    store_dir: Path, tmp_path: Path, rows_per_batch: int
+) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path)
+    commit(b, 0, changes({b"a": b"1"}), "t1")
+    unsorted = changes({b"b": b"2", b"d": b"4", b"c": b"3"})  # the JVM sends keys sorted
+    with pytest.raises(StoreConfigError) as e:
+        b.commit(1, stream(unsorted, rows_per_batch), "t2", num_keys=4)
+    assert "not sorted" in str(e.value) and "version: 2" in str(e.value) and str(store_dir) in str(e.value)
+    assert not (store_dir / "manifests" / "2.json").exists()
+    assert not list(b.work_dir.glob("changes-*")), "the half-written change file was left behind"
+    sorted_frame = changes({b"b": b"2", b"c": b"3", b"d": b"4"})
+    assert b.commit(1, stream(sorted_frame, rows_per_batch), "t3", num_keys=4).version == 2
+    assert state_of(make_backend("rocksdb", store_dir, tmp_path / "fresh"), 2) == {
+        b"a": b"1",
+        b"b": b"2",
+        b"c": b"3",
+        b"d": b"4",
+    }

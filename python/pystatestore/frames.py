@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import pyarrow as pa
 
@@ -13,26 +14,49 @@ CHANGES_SCHEMA = pa.schema([("op", pa.int8()), ("key", pa.binary()), ("value", p
 _BATCH_ROWS = 65536
 
 
-def read_changes(path: str) -> pa.Table:
+Changes = pa.Table | pa.RecordBatchReader
+"""A change frame: a table (Python callers, tests) or a stream read batch by batch (the JVM's)."""
+
+
+@contextmanager
+def open_changes(path: str) -> Iterator[pa.RecordBatchReader]:
+    """The change frame at `path` as a stream: its batches are read one at a time, so a large
+    commit never holds the whole frame in the worker's memory."""
     with pa.OSFile(path, "rb") as f:
-        table = pa.ipc.open_stream(f).read_all()
-    if not table.schema.equals(CHANGES_SCHEMA, check_metadata=False):
-        raise ValueError(f"change frame {path} has schema {table.schema}, expected {CHANGES_SCHEMA}")
-    return table
+        reader = pa.ipc.open_stream(f)
+        if not reader.schema.equals(CHANGES_SCHEMA, check_metadata=False):
+            raise ValueError(f"change frame {path} has schema {reader.schema}, expected {CHANGES_SCHEMA}")
+        yield reader
 
 
-def apply_changes(state: dict[bytes, bytes], changes: pa.Table) -> None:
+def change_batches(changes: Changes, max_rows: int = _BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The frame's batches, none longer than `max_rows`."""
+    batches = changes.to_batches() if isinstance(changes, pa.Table) else changes
+    for batch in batches:
+        for start in range(0, batch.num_rows, max_rows):
+            yield batch.slice(start, max_rows)
+
+
+def sorted_by_key(changes: Changes) -> Changes:
+    """A table sorted by key; a stream as it is (the JVM sends it sorted, and a reader checks)."""
+    if isinstance(changes, pa.Table):
+        return changes.sort_by([("key", "ascending")])
+    return changes
+
+
+def apply_changes(state: dict[bytes, bytes], changes: Changes) -> None:
     """Applies puts and deletes in frame order (a key appears at most once per frame)."""
-    ops = changes.column("op").to_pylist()
-    keys = changes.column("key").to_pylist()
-    values = changes.column("value").to_pylist()
-    for op, key, value in zip(ops, keys, values, strict=True):
-        if op == OP_PUT:
-            state[key] = value
-        elif op == OP_DELETE:
-            state.pop(key, None)
-        else:
-            raise ValueError(f"unknown op {op} in change frame")
+    for batch in change_batches(changes):
+        ops = batch.column(0).to_pylist()
+        keys = batch.column(1).to_pylist()
+        values = batch.column(2).to_pylist()
+        for op, key, value in zip(ops, keys, values, strict=True):
+            if op == OP_PUT:
+                state[key] = value
+            elif op == OP_DELETE:
+                state.pop(key, None)
+            else:
+                raise ValueError(f"unknown op {op} in change frame")
 
 
 def state_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:

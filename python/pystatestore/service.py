@@ -7,6 +7,7 @@ the JVM can tell "the worker said no" from "the worker died".
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -24,9 +25,10 @@ from .leases import validate_grace
 from .manifest import KEY_ENCODING_RAW
 from .remote import RemoteStore
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
+CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
 log = logging.getLogger("pystatestore.service")
 
 
@@ -49,6 +51,23 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
         views_dir=str(desc.get("viewsDir", "")),
         host_dir=str(desc.get("hostDir", "")),
     )
+
+
+_libc: Any = None
+
+
+def release_free_memory() -> None:
+    """Hands memory freed by a commit (RocksDB's memtable, write batches) back to the OS, so the
+    worker's resident memory follows what it uses rather than its high-water mark (glibc only)."""
+    global _libc
+    if _libc is False:
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL("libc.so.6")
+        _libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        _libc = False  # not glibc: nothing to do
 
 
 def worker_rss_bytes() -> int:
@@ -186,8 +205,10 @@ class StoreService:
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
-            changes = frames.read_changes(changes_path)
-            with store.locked(f"commit of version {int(base_version) + 1}", handle) as backend:
+            with (
+                frames.open_changes(changes_path) as changes,
+                store.locked(f"commit of version {int(base_version) + 1}", handle) as backend,
+            ):
                 result = backend.commit(
                     int(base_version),
                     changes,
@@ -196,6 +217,7 @@ class StoreService:
                     num_keys=int(num_keys) if int(num_keys) >= 0 else None,
                     view_dir=view_dir or None,
                 )
+            release_free_memory()
             return {
                 "workerRssBytes": worker_rss_bytes(),
                 "version": result.version,

@@ -149,6 +149,65 @@ object ContractSuite {
     s.commit(); p.close()
   }
 
+  scenario("write_buffer_matches_a_map_across_pages_overwrites_and_point_in_time_scans") {
+    // Enough writes to fill many buffer pages and grow its index, rows larger than a page,
+    // overwrites, deletes of present and absent keys, and iterators and prefix scans that must
+    // see the store as it was when they started while it keeps changing.
+    val dir = newDir()
+    val spec = PrefixKeyScanStateEncoderSpec(keySchema, 1)
+    val p = provider(dir, encoder = spec)
+    val rnd = new scala.util.Random(7)
+    val prefixes = (0 until 30).map(i => s"p$i")
+    def randomKey(): (String, Int) = (prefixes(rnd.nextInt(prefixes.size)), rnd.nextInt(1500))
+    var model = (1 to 3000).map(_ => randomKey() -> rnd.nextInt(1000)).toMap
+    val first = p.getStore(0)
+    model.foreach { case ((k, i), v) => first.put(key(k, i), value(v)) }
+    first.commit(); first.release()
+    def scanOf(st: ReadStateStore, pre: String): Map[(String, Int), Int] =
+      st.prefixScan(prefix(pre)).map(pr => (pr.key.getUTF8String(0).toString, pr.key.getInt(1)) -> pr.value.getInt(0)).toMap
+    val s = p.getStore(1)
+    val big = "x" * (3 << 19) // a 1.5 MiB key: a record larger than a buffer page
+    for (step <- 1 to 40000) {
+      val k = if (step % 9000 == 0) (big + step, step) else randomKey()
+      rnd.nextInt(10) match {
+        case 0 | 1 =>
+          s.remove(key(k._1, k._2)); model -= k
+        case 2 | 3 =>
+          check(intOf(s.get(key(k._1, k._2))) == model.get(k), s"get $k at step $step")
+        case _ =>
+          val v = rnd.nextInt(1000)
+          s.put(key(k._1, k._2), value(v)); model += k -> v
+      }
+      if (step % 8000 == 0) {
+        val pre = prefixes(rnd.nextInt(prefixes.size))
+        val (all, scanned) = (s.iterator(), s.prefixScan(prefix(pre)))
+        val (allThen, scanThen) = (model, model.filter(_._1._1 == pre))
+        for (_ <- 1 to 2000) { // change the store while the scans are open
+          val k2 = if (rnd.nextBoolean()) randomKey() else (pre, rnd.nextInt(1500))
+          if (rnd.nextInt(3) == 0) { s.remove(key(k2._1, k2._2)); model -= k2 }
+          else { val v = rnd.nextInt(1000); s.put(key(k2._1, k2._2), value(v)); model += k2 -> v }
+        }
+        val seen = all.map(pr => (pr.key.getUTF8String(0).toString, pr.key.getInt(1)) -> pr.value.getInt(0)).toMap
+        check(seen == allThen, s"iterator at step $step: ${seen.size} rows, expected ${allThen.size}; " +
+          s"differ on ${(seen.keySet ++ allThen.keySet).filter(x => seen.get(x) != allThen.get(x)).take(3)}")
+        val seenScan = scanned.map(pr => (pr.key.getUTF8String(0).toString, pr.key.getInt(1)) -> pr.value.getInt(0)).toMap
+        check(seenScan == scanThen, s"prefix scan of $pre at step $step: ${seenScan.size} rows, expected ${scanThen.size}")
+      }
+    }
+    check(contents(s) == model, s"before commit: ${contents(s).size} rows, expected ${model.size}")
+    check(s.metrics.numKeys == model.size, s"numKeys before commit ${s.metrics.numKeys}, expected ${model.size}")
+    s.commit()
+    check(s.metrics.numKeys == model.size, s"numKeys after commit ${s.metrics.numKeys}, expected ${model.size}")
+    s.release(); p.close()
+    val fresh = provider(dir, encoder = spec)
+    val reloaded = fresh.getStore(2)
+    check(contents(reloaded) == model, s"reloaded: ${contents(reloaded).size} rows, expected ${model.size}")
+    prefixes.take(5).foreach { pre =>
+      check(scanOf(reloaded, pre) == model.filter(_._1._1 == pre), s"reloaded prefix scan of $pre")
+    }
+    reloaded.abort(); fresh.close()
+  }
+
   scenario("abort_discards_changes") {
     val dir = newDir()
     val p = provider(dir)
@@ -589,6 +648,27 @@ object ContractSuite {
       store.release()
     }
     fresh.close()
+  }
+
+  scenario("key_counts_come_from_spark_reads_not_lookups") {
+    val p = provider(newDir())
+    commitVersion(p, 0, Map("a" -> 1, "b" -> 2, "c" -> 3))
+    // Spark's aggregation: a read store is upgraded first, then every key is read, then written.
+    val read = p.getReadStore(1)
+    val write = p.upgradeReadStoreToWriteStore(read, 1, None)
+    for (k <- Seq("a", "x", "y")) { read.get(key(k)); write.put(key(k), value(9)) }
+    write.get(key("b")); write.remove(key("b")) // read, then removed
+    write.remove(key("zz")) // removing a key that never existed: not counted
+    write.put(key("c"), value(30)) // written without a read: looked up at commit
+    check(write.commit() == 2, "commit")
+    val m = write.metrics
+    check(m.numKeys == 4, s"numKeys ${m.numKeys}, expected 4 (a c x y)")
+    val looked = m.customMetrics.collectFirst { case (k, v) if k.name == "pystatestoreKeysLookedUpAtCommit" => v }
+    check(looked.contains(2L), s"keys looked up at commit: $looked, expected 2 (c and zz, written unread)")
+    read.release(); write.release()
+    check(contents(provider(p.stateStoreId.checkpointRootLocation).getStore(2)).keySet ==
+      Set(("a", 0), ("c", 0), ("x", 0), ("y", 0)), "version 2")
+    p.close()
   }
 
   def main(args: Array[String]): Unit = {

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import frames
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
 from ..leases import LEASE_DIR, Clock, CommitLease, validate_grace
 from ..manifest import KEY_ENCODING_RAW, MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
@@ -123,7 +124,7 @@ class StateBackend(abc.ABC):
     def commit(
         self,
         base_version: int,
-        changes: pa.Table,
+        changes: frames.Changes,
         attempt_id: str,
         base_manifest_id: str | None = None,
         *,

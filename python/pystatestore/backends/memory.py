@@ -95,7 +95,7 @@ class MemoryBackend(StateBackend):
     def commit(
         self,
         base_version: int,
-        changes: pa.Table,
+        changes: frames.Changes,
         attempt_id: str,
         base_manifest_id: str | None = None,
         *,

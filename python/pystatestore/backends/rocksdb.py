@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import rocksdict
 
 from .. import frames
@@ -264,7 +263,7 @@ class RocksDBBackend(StateBackend):
     def commit(
         self,
         base_version: int,
-        changes: pa.Table,
+        changes: frames.Changes,
         attempt_id: str,
         base_manifest_id: str | None = None,
         *,
@@ -294,25 +293,15 @@ class RocksDBBackend(StateBackend):
         metrics: dict[str, int] = {**load_cost}
 
         t = time.perf_counter()
-        # In slices, so the Python objects of a large commit never all exist at once. Atomicity is
-        # not needed here: until the manifest is written the local DB matches no version anyway.
-        for chunk in changes.to_batches(max_chunksize=APPLY_CHUNK_ROWS):
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            ops = chunk.column(0).to_pylist()
-            keys = chunk.column(1).to_pylist()
-            values = chunk.column(2).to_pylist()
-            for op, key, value in zip(ops, keys, values, strict=True):
-                if op == frames.OP_PUT:
-                    batch.put(key, value)
-                else:
-                    batch.delete(key)
-            db.write(batch)
-            del batch, ops, keys, values
+        change_file = self._write_change_file(changes, version)
         metrics["applyMs"] = _ms(t)
         self._fault_point("commit:applied")
 
         t = time.perf_counter()
-        db.flush()
+        if change_file is not None:
+            ingest = rocksdict.IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            db.ingest_external_file([str(change_file)], ingest)
         metrics["flushMs"] = _ms(t)
         self._fault_point("commit:flushed")
 
@@ -370,6 +359,53 @@ class RocksDBBackend(StateBackend):
             manifest_path(version),
             metrics,
             manifest_id=manifest.manifest_id,
+        )
+
+    def _write_change_file(self, changes: frames.Changes, version: int) -> Path | None:
+        """Writes the version's changes as one SST file (puts, and deletes as tombstones), to be
+        ingested into the local DB: no memtable to fill and no flush, so a large commit costs the
+        worker a data block of memory, not the whole batch. The JVM sends frames sorted by key (a
+        table from a Python caller is sorted here); the frame is read in slices, so the Python
+        objects of a large commit never all exist at once. None when there are no changes."""
+        path = self.work_dir / f"changes-{version}-{uuid.uuid4().hex[:8]}.sst"
+        writer: rocksdict.SstFileWriter | None = None
+        try:
+            for chunk in frames.change_batches(frames.sorted_by_key(changes), APPLY_CHUNK_ROWS):
+                if writer is None:
+                    writer = rocksdict.SstFileWriter(self._options(create=True))
+                    writer.open(str(path))
+                ops = chunk.column(0).to_pylist()
+                keys = chunk.column(1).to_pylist()
+                values = chunk.column(2).to_pylist()
+                for op, key, value in zip(ops, keys, values, strict=True):
+                    if op == frames.OP_PUT:
+                        writer[key] = value
+                    elif op == frames.OP_DELETE:
+                        del writer[key]
+                    else:
+                        raise StoreConfigError(
+                            f"unknown op {op} in the change frame", store=self.ctx.store_dir, version=version
+                        )
+                del ops, keys, values
+            if writer is None:
+                return None
+            writer.finish()
+            return path
+        except Exception as e:
+            path.unlink(missing_ok=True)
+            if isinstance(e, StoreConfigError):
+                raise
+            if "order" in str(e).lower():  # RocksDB: keys must be added in strict ascending order
+                raise self._unsorted_frame(version) from None
+            raise
+
+    def _unsorted_frame(self, version: int) -> StoreConfigError:
+        return StoreConfigError(
+            "the change frame is not sorted by key (or repeats a key)",
+            store=self.ctx.store_dir,
+            version=version,
+            advice="The JVM shim and the Python package are of different pystatestore releases; install the same "
+            "release for both.",
         )
 
     def _plan_files(

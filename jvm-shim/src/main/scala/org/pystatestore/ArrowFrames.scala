@@ -28,38 +28,61 @@ object ArrowFrames {
     Field.nullable("key", ArrowType.Binary.INSTANCE),
     Field.nullable("value", ArrowType.Binary.INSTANCE)).asJava)
 
-  /** Writes (op, key, value) triples; returns the number of bytes written. */
-  def writeChanges(file: File, changes: Iterator[(Byte, Array[Byte], Array[Byte])]): Long = {
+  /**
+   * Writes a change frame to `file`: `emit` is handed a writer of puts and deletes taking byte
+   * slices (so rows are copied straight from the write buffer's pages). Returns the bytes written.
+   */
+  def writeChanges(file: File)(emit: ChangeWriter => Unit): Long = {
     val root = VectorSchemaRoot.create(changeSchema, allocator)
     val out = new FileOutputStream(file)
     try {
       val writer = new ArrowStreamWriter(root, null, Channels.newChannel(out))
-      val ops = root.getVector("op").asInstanceOf[TinyIntVector]
-      val keys = root.getVector("key").asInstanceOf[VarBinaryVector]
-      val values = root.getVector("value").asInstanceOf[VarBinaryVector]
       writer.start()
-      var rows = 0
-      def flush(): Unit = {
-        root.setRowCount(rows)
-        writer.writeBatch()
-        root.allocateNew()
-        rows = 0
-      }
-      root.allocateNew()
-      changes.foreach { case (op, key, value) =>
-        ops.setSafe(rows, op.toInt)
-        keys.setSafe(rows, key)
-        if (value == null) values.setNull(rows) else values.setSafe(rows, value)
-        rows += 1
-        if (rows == BatchRows) flush()
-      }
-      if (rows > 0) flush()
+      val changes = new ChangeWriter(root, writer)
+      emit(changes)
+      changes.flush()
       writer.end()
       writer.close()
       file.length()
     } finally {
       root.close()
       out.close()
+    }
+  }
+
+  /** Appends changes to a change frame in batches of `BatchRows`. */
+  final class ChangeWriter private[ArrowFrames] (root: VectorSchemaRoot, writer: ArrowStreamWriter) {
+    private val ops = root.getVector("op").asInstanceOf[TinyIntVector]
+    private val keys = root.getVector("key").asInstanceOf[VarBinaryVector]
+    private val values = root.getVector("value").asInstanceOf[VarBinaryVector]
+    private var rows = 0
+    root.allocateNew()
+
+    def put(key: Array[Byte], keyOffset: Int, keyLength: Int,
+        value: Array[Byte], valueOffset: Int, valueLength: Int): Unit = {
+      ops.setSafe(rows, OpPut.toInt)
+      keys.setSafe(rows, key, keyOffset, keyLength)
+      values.setSafe(rows, value, valueOffset, valueLength)
+      advance()
+    }
+
+    def delete(key: Array[Byte], keyOffset: Int, keyLength: Int): Unit = {
+      ops.setSafe(rows, OpDelete.toInt)
+      keys.setSafe(rows, key, keyOffset, keyLength)
+      values.setNull(rows)
+      advance()
+    }
+
+    private def advance(): Unit = {
+      rows += 1
+      if (rows == BatchRows) flush()
+    }
+
+    private[ArrowFrames] def flush(): Unit = if (rows > 0) {
+      root.setRowCount(rows)
+      writer.writeBatch()
+      root.allocateNew()
+      rows = 0
     }
   }
 

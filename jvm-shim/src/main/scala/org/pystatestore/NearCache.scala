@@ -1,7 +1,5 @@
 package org.pystatestore
 
-import java.util.concurrent.ConcurrentHashMap
-
 import scala.collection.immutable.{HashMap, HashSet}
 import scala.jdk.CollectionConverters._
 
@@ -113,54 +111,4 @@ object VersionState {
     val idx = prefixOf.map(_ => HashMap.from(byPrefix.asScala)).orNull
     new VersionState(version, mb.result(), idx, bytes, manifestId)
   }
-}
-
-/**
- * The uncommitted writes of one version (DESIGN §2 write buffer). Deletes are kept as a tombstone
- * so lookups never fall through to the base version. Concurrent maps, because Spark may update
- * the store while iterating over it. For each written key the buffer remembers, when known,
- * whether the base version has it (the store saw it when Spark read the key before writing it),
- * so the commit counts keys without looking each one up again.
- */
-final class WriteBuffer(prefixed: Boolean) {
-  val entries = new ConcurrentHashMap[UnsafeRow, UnsafeRow]()
-  /** Keys whose presence in the base version is known: key -> present. */
-  val inBase = new ConcurrentHashMap[UnsafeRow, java.lang.Boolean]()
-  private val byPrefix = new ConcurrentHashMap[UnsafeRow, java.util.Set[UnsafeRow]]()
-
-  def lookup(key: UnsafeRow): UnsafeRow = entries.get(key)
-
-  def put(key: UnsafeRow, value: UnsafeRow, prefix: => UnsafeRow): Unit = {
-    entries.put(key, value)
-    if (prefixed) byPrefix.computeIfAbsent(prefix, _ => ConcurrentHashMap.newKeySet()).add(key)
-  }
-
-  /** Records whether the base version has `key` (a buffered key), if not known already. */
-  def knowInBase(key: UnsafeRow, present: Boolean): Unit = inBase.putIfAbsent(key, present)
-
-  /** Does the base version have `key`? Asks `base` only for keys not seen when Spark read them. */
-  def presentInBase(key: UnsafeRow, base: CommittedVersion): Boolean = {
-    val known = inBase.get(key)
-    if (known != null) known.booleanValue() else base.contains(key)
-  }
-
-  def clear(): Unit = {
-    entries.clear()
-    inBase.clear()
-    byPrefix.clear()
-  }
-
-  def keysWithPrefix(prefix: UnsafeRow): Iterator[UnsafeRow] = {
-    val s = byPrefix.get(prefix)
-    if (s == null) Iterator.empty else s.iterator().asScala
-  }
-
-  def isEmpty: Boolean = entries.isEmpty
-
-  def size: Int = entries.size()
-}
-
-object WriteBuffer {
-  /** Marks a removed key; compared by reference, never handed out. */
-  val Tombstone: UnsafeRow = new UnsafeRow(0)
 }

@@ -57,6 +57,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   /** Read committed versions through RocksDB views (rocksdb backend) or from the heap (memory). */
   private var usesViews = true
   private var keyCodec: KeyCodec = _
+  private var bufferCodec: KeyCodec = _
   /** Stores handed out and not yet released: the provider releases them when it closes. */
   private val liveStores = new java.util.LinkedHashSet[StoreResources]()
 
@@ -93,10 +94,13 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     usesViews = storeConfs.sqlConfs.getOrElse(WorkerLaunchSpec.ConfPrefix + "backend", "rocksdb") != "memory"
-    keyCodec = prefixSpec match {
-      case Some(spec) if usesViews => new PrefixKeys(spec, keySchema.length)
-      case _ => new RawKeys(keySchema.length)
+    // The write buffer always puts the prefix first (a prefix is a byte prefix of its keys); what
+    // is stored does so only where the backend reads through views.
+    bufferCodec = prefixSpec match {
+      case Some(spec) => new PrefixKeys(spec, keySchema.length)
+      case None => new RawKeys(keySchema.length)
     }
+    keyCodec = if (usesViews) bufferCodec else new RawKeys(keySchema.length)
     if (usesViews) {
       val mb = storeConfs.sqlConfs.get(WorkerLaunchSpec.ConfPrefix + "jvmBlockCacheMB")
         .map(v => scala.util.Try(v.trim.toLong).toOption.filter(_ > 0).getOrElse(throw new IllegalArgumentException(
@@ -156,7 +160,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     case r: PythonReadStateStore if r.version == version && r.id == stateStoreId =>
       rejectCheckpointIds(uniqueId)
       r.base.state.retain() // the write store holds its own reference
-      new PythonStateStore(this, r.base)
+      new PythonStateStore(this, r.base, r.handOverReadMarks())
     case _ => getStore(version, uniqueId)
   }
 
@@ -211,6 +215,8 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
   private[pystatestore] def numKeyFields: Int = keySchema.length
   private[pystatestore] def numValueFields: Int = valueSchema.length
   private[pystatestore] def prefix: Option[PrefixKeySpec] = prefixSpec
+  private[pystatestore] def newWriteBuffer(): WriteBuffer = new WriteBuffer(bufferCodec, numValueFields)
+  private[pystatestore] def scanPrefix(prefixKey: UnsafeRow): Array[Byte] = bufferCodec.scanPrefix(prefixKey)
 
   private def rejectCheckpointIds(id: Option[String]): Unit = if (id.isDefined) {
     throw SparkInternals.checkpointIdsNotSupported(
@@ -297,31 +303,41 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
     val deletes = mutable.ArrayBuffer.empty[UnsafeRow]
     var numKeys = base.numKeys
     var changedRows = 0L
+    var lookedUp = 0L
     val worker = StateWorker.acquire(launchSpec)
     val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$newVersion-${UUID.randomUUID()}")
     try {
-      // One pass over the buffer: counts keys and streams the frame (no copy of the buffer).
-      val changes = buffer.entries.entrySet().iterator().asScala.flatMap { e =>
-        val k = e.getKey
-        val v = e.getValue
-        val present = buffer.presentInBase(k, base)
-        if (v eq WriteBuffer.Tombstone) {
-          if (!present) None // deletes of absent keys are not sent
-          else {
-            numKeys -= 1
-            changedRows += 1
-            if (heapBase.isDefined) deletes += k
-            Some((ArrowFrames.OpDelete, keyCodec.encode(k), null: Array[Byte]))
+      // One pass over the buffer: counts keys and streams the frame, copying rows straight from
+      // the buffer's pages.
+      val storedAsBuffered = keyCodec.name == bufferCodec.name
+      val frameBytes = ArrowFrames.writeChanges(file) { out =>
+        // Views' backend (rocksdb) writes the frame straight into a sorted SST file: sort it here.
+        buffer.foreachWrite(sorted = usesViews) { (flags, page, keyAt, keyLength, valueAt, valueLength) =>
+          def key = buffer.decodeKey(page, keyAt, keyLength)
+          val present = WriteBuffer.presentInBase(flags) {
+            lookedUp += 1
+            base.contains(key)
           }
-        } else {
-          if (!present) numKeys += 1
-          changedRows += 1
-          if (heapBase.isDefined) puts += (k -> v)
-          Some((ArrowFrames.OpPut, keyCodec.encode(k), v.getBytes))
+          val isDelete = WriteBuffer.isDelete(flags)
+          if (!isDelete || present) { // deletes of absent keys are not sent
+            if (isDelete) numKeys -= 1 else if (!present) numKeys += 1
+            changedRows += 1
+            if (heapBase.isDefined) {
+              if (isDelete) deletes += key.copy()
+              else puts += (key.copy() -> buffer.decodeValue(page, valueAt, valueLength).copy())
+            }
+            if (storedAsBuffered) {
+              if (isDelete) out.delete(page, keyAt, keyLength)
+              else out.put(page, keyAt, keyLength, page, valueAt, valueLength)
+            } else {
+              val stored = keyCodec.encode(key)
+              if (isDelete) out.delete(stored, 0, stored.length)
+              else out.put(stored, 0, stored.length, page, valueAt, valueLength)
+            }
+          }
         }
       }
-      val frameBytes = ArrowFrames.writeChanges(file, changes)
       val writtenAt = System.nanoTime()
       val reply = try {
         callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
@@ -366,6 +382,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
         MetricCommitMs -> (done - started) / 1000000,
         MetricBridgeMs -> (writtenAt - started) / 1000000,
         MetricChangedRows -> changedRows,
+        MetricKeysLookedUp -> lookedUp,
         MetricFrameBytes -> frameBytes))
     } finally file.delete()
   }
@@ -462,6 +479,7 @@ object PythonStateStoreProvider {
   val MetricLoadsFromWorker = "pystatestoreLoadsFromWorker"
   val MetricLoadedBytes = "pystatestoreLoadedBytes"
   val MetricJvmBlockCacheBytes = "pystatestoreJvmBlockCacheBytes"
+  val MetricKeysLookedUp = "pystatestoreKeysLookedUpAtCommit"
   val MetricWorkerRssBytes = "pystatestoreWorkerRssBytes"
 
   /** Commit metrics the worker reports in its reply: (metric name, reply field). */
@@ -509,8 +527,10 @@ object PythonStateStoreProvider {
     StateStoreCustomSumMetric("pystatestoreFilesUploaded", "pystatestore: files uploaded by commits"),
     StateStoreCustomSumMetric("pystatestoreFilesReused",
       "pystatestore: files reused from the base version by commits (not uploaded again)"),
-    StateStoreCustomTimingMetric("pystatestoreApplyMs", "pystatestore: commit time applying changes"),
-    StateStoreCustomTimingMetric("pystatestoreFlushMs", "pystatestore: commit time flushing RocksDB"),
+    StateStoreCustomTimingMetric("pystatestoreApplyMs",
+      "pystatestore: commit time applying changes (rocksdb: writing them as an SST file)"),
+    StateStoreCustomTimingMetric("pystatestoreFlushMs",
+      "pystatestore: commit time making the changes part of the DB (rocksdb: ingesting the SST file)"),
     StateStoreCustomTimingMetric("pystatestoreCheckpointMs",
       "pystatestore: commit time taking the RocksDB checkpoint"),
     StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),
@@ -521,6 +541,8 @@ object PythonStateStoreProvider {
       "pystatestore: bytes of local recovery copies copied, not hard-linked (another filesystem)"),
     StateStoreCustomTimingMetric("pystatestoreViewMs",
       "pystatestore: time the worker took to leave a loaded version as a read view"),
+    StateStoreCustomSumMetric(MetricKeysLookedUp,
+      "pystatestore: written keys whose presence in the base version the commit had to look up (not read before)"),
     StateStoreCustomSizeMetric(MetricJvmBlockCacheBytes,
       "pystatestore: this store's share of the JVM's RocksDB block cache in use (read views)"),
     StateStoreCustomSizeMetric(MetricWorkerRssBytes,
@@ -564,8 +586,10 @@ private[pystatestore] trait StoreResources {
 }
 
 /** The base version a store reads, held until the store is released (once, whoever asks first). */
-private[pystatestore] final class BaseHold(provider: PythonStateStoreProvider, val state: CommittedVersion)
-  extends StoreResources {
+private[pystatestore] final class BaseHold(
+    provider: PythonStateStoreProvider,
+    val state: CommittedVersion,
+    resources: AutoCloseable = null) extends StoreResources {
   private val released = new java.util.concurrent.atomic.AtomicBoolean(false)
 
   def check(what: String): Unit = if (released.get) {
@@ -575,6 +599,7 @@ private[pystatestore] final class BaseHold(provider: PythonStateStoreProvider, v
 
   override def releaseResources(): Unit = if (released.compareAndSet(false, true)) {
     provider.untrack(this)
+    if (resources != null) resources.close()
     state.release()
   }
 }
@@ -584,10 +609,27 @@ class PythonReadStateStore private[pystatestore] (
     provider: PythonStateStoreProvider,
     loaded: LoadedVersion) extends ReadStateStore {
 
-  private val hold = new BaseHold(provider, loaded.state)
+  /**
+   * What Spark's reads found, for the write store this one may be upgraded to. Created lazily;
+   * after an upgrade the write store owns it and this store keeps marking into it: Spark upgrades
+   * before it reads (the reads happen as the write store's input is consumed).
+   */
+  private var readMarks: WriteBuffer = _
+  private var handedOver = false
+  private val hold = new BaseHold(provider, loaded.state, () => synchronized {
+    if (readMarks != null && !handedOver) readMarks.close()
+    readMarks = null
+  })
   provider.track(hold)
 
   private[pystatestore] def base: LoadedVersion = loaded
+
+  /** The read marks, from now on owned (and freed) by the write store this one is upgraded to. */
+  private[pystatestore] def handOverReadMarks(): WriteBuffer = synchronized {
+    if (readMarks == null) readMarks = provider.newWriteBuffer()
+    handedOver = true
+    readMarks
+  }
 
   override def id: StateStoreId = provider.stateStoreId
   override def version: Long = loaded.state.version
@@ -595,7 +637,13 @@ class PythonReadStateStore private[pystatestore] (
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
-    loaded.state.get(key)
+    val v = loaded.state.get(key)
+    val marks = synchronized {
+      if (readMarks == null) readMarks = provider.newWriteBuffer()
+      readMarks
+    }
+    if (marks.isOpen) marks.mark(key, v != null)
+    v
   }
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
@@ -623,7 +671,8 @@ class PythonReadStateStore private[pystatestore] (
 /** A writable version: its base version + a write buffer, committed through the Python worker. */
 class PythonStateStore private[pystatestore] (
     provider: PythonStateStoreProvider,
-    loaded: LoadedVersion) extends StateStore {
+    loaded: LoadedVersion,
+    readMarks: WriteBuffer = null) extends StateStore {
 
   private sealed trait Phase
   private case object Updating extends Phase
@@ -632,12 +681,11 @@ class PythonStateStore private[pystatestore] (
 
   @volatile private var phase: Phase = Updating
   private val base = loaded.state
-  private val hold = new BaseHold(provider, base)
+  /** Writes, plus read marks of what Spark's reads found (those of the read store it came from). */
+  private val buffer = if (readMarks != null) readMarks else provider.newWriteBuffer()
+  private val hold = new BaseHold(provider, base, buffer)
   provider.track(hold)
-  private val buffer = new WriteBuffer(provider.prefix.isDefined)
-  private lazy val prefixProjection = provider.prefix.map(_.newProjection())
-  /** The key Spark read last and whether the base has it: most writes follow a read of the key. */
-  @volatile private var lastRead: (UnsafeRow, Boolean) = _
+  private val readBase: UnsafeRow => UnsafeRow = k => base.get(k)
   @volatile private var committed: CommittedVersion = _
   @volatile private var commitMetrics: Map[String, Long] = Map.empty
 
@@ -647,50 +695,28 @@ class PythonStateStore private[pystatestore] (
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
-    val pending = buffer.lookup(key)
-    if (pending == null) {
-      val v = base.get(key)
-      lastRead = (key.copy(), v != null)
-      v
-    } else if (pending eq WriteBuffer.Tombstone) null
-    else pending
+    buffer.read(key, readBase)
   }
 
   override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     require(value != null, "Cannot put a null value")
     requireUpdating("put")
-    write(key, value.copy())
+    buffer.write(key, value)
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     requireUpdating("remove")
-    write(key, WriteBuffer.Tombstone)
-  }
-
-  private def write(key: UnsafeRow, value: UnsafeRow): Unit = {
-    val keyCopy = key.copy()
-    val read = lastRead
-    if (read != null && read._1 == keyCopy) buffer.knowInBase(keyCopy, read._2)
-    buffer.put(keyCopy, value, prefixOf(keyCopy))
-  }
-
-  private def prefixOf(key: UnsafeRow): UnsafeRow = prefixProjection match {
-    case Some(p) => p.synchronized { p(key).copy() }
-    case None => null
+    buffer.write(key, null)
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("iterator")
-    // A point-in-time view of the buffer, so concurrent updates neither break nor hide entries;
-    // the base is immutable.
-    val pending = new java.util.HashMap[UnsafeRow, UnsafeRow](buffer.entries)
-    val fromBuffer = pending.entrySet().iterator().asScala
-      .filterNot(_.getValue eq WriteBuffer.Tombstone).map(e => (e.getKey, e.getValue))
-    val fromBase = base.pairs()
-    StoreChecks.pairs(fromBuffer ++ fromBase.filter { case (k, _) => !pending.containsKey(k) }, fromBase)
+    // The buffer as of now, so concurrent updates neither break nor hide entries; the base is
+    // immutable.
+    merged(null, base.pairs())
   }
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
@@ -698,13 +724,19 @@ class PythonStateStore private[pystatestore] (
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
     hold.check("prefixScan")
-    val pendingKeys = buffer.keysWithPrefix(prefixKey).toSet
-    val fromBuffer = pendingKeys.iterator.flatMap { k =>
-      val v = buffer.lookup(k)
-      if (v == null || (v eq WriteBuffer.Tombstone)) None else Some((k, v))
-    }
-    val fromBase = base.withPrefix(prefixKey)
-    StoreChecks.pairs(fromBuffer ++ fromBase.filter { case (k, _) => !pendingKeys.contains(k) }, fromBase)
+    merged(provider.scanPrefix(prefixKey), base.withPrefix(prefixKey))
+  }
+
+  /**
+   * The buffer's entries as of now (those with `scanPrefix`, if given), then the base's pairs the
+   * buffer did not write or delete by then.
+   */
+  private def merged(scanPrefix: Array[Byte], fromBase: PairIterator): StateStoreIterator[UnsafeRowPair] = {
+    val at = buffer.now
+    val anyWrites = buffer.numWrites > 0 // none before `at` either: the base needs no filter
+    val fromBuffer = buffer.entriesAt(at, scanPrefix).filter(_._2 != null)
+    val notOverridden = if (!anyWrites) fromBase else fromBase.filter { case (k, _) => !buffer.writtenAt(k, at) }
+    StoreChecks.pairs(fromBuffer ++ notOverridden, fromBase)
   }
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
@@ -749,16 +781,12 @@ class PythonStateStore private[pystatestore] (
     // Nothing reached the worker unless commit() was called; a failed commit cleans up after itself.
     if (phase != Committed) {
       phase = Aborted
-      buffer.clear()
-      hold.releaseResources()
+      hold.releaseResources() // drops the buffer too
     }
   }
 
   override def release(): Unit = {
-    if (phase != Committed) {
-      phase = Aborted
-      buffer.clear()
-    }
+    if (phase != Committed) phase = Aborted
     hold.releaseResources()
   }
 
@@ -766,18 +794,15 @@ class PythonStateStore private[pystatestore] (
 
   override def metrics: StateStoreMetrics = {
     val state = committed
-    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes) else {
+    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes + buffer.memoryBytes) else {
       var n = base.numKeys
-      var bytes = 0L
-      buffer.entries.forEach { (k, v) =>
-        bytes += k.getSizeInBytes + v.getSizeInBytes + VersionState.PerEntryOverhead
-        val known = buffer.inBase.get(k)
-        if (known != null) {
-          if ((v eq WriteBuffer.Tombstone) && known.booleanValue()) n -= 1
-          else if (!(v eq WriteBuffer.Tombstone) && !known.booleanValue()) n += 1
-        }
+      // Exact, as the commit will count (Spark asks after committing; this is the rare case).
+      if (phase == Updating) buffer.foreachWrite() { (flags, page, keyAt, keyLength, _, _) =>
+        val present = WriteBuffer.presentInBase(flags)(base.contains(buffer.decodeKey(page, keyAt, keyLength)))
+        if (WriteBuffer.isDelete(flags) && present) n -= 1
+        else if (!WriteBuffer.isDelete(flags) && !present) n += 1
       }
-      (n, base.memoryBytes + bytes)
+      (n, base.memoryBytes + buffer.memoryBytes)
     }
     // Memory is reported honestly: the JVM block cache (in a view's memoryBytes) and the worker's
     // resident memory, each shared out over the stores open in this JVM so that sums add up.

@@ -54,7 +54,9 @@ trait CommittedVersion {
 sealed trait KeyCodec extends Serializable {
   def name: String
   def encode(key: UnsafeRow): Array[Byte]
-  def decode(bytes: Array[Byte]): UnsafeRow
+  def decode(bytes: Array[Byte]): UnsafeRow = decode(bytes, 0, bytes.length)
+  /** The key row in `bytes[offset, offset + length)`, pointing into `bytes` (no copy). */
+  def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow
   def scanPrefix(prefix: UnsafeRow): Array[Byte]
 }
 
@@ -72,7 +74,8 @@ object KeyCodec {
 final class RawKeys(numKeyFields: Int) extends KeyCodec {
   override def name: String = KeyCodec.Raw
   override def encode(key: UnsafeRow): Array[Byte] = key.getBytes
-  override def decode(bytes: Array[Byte]): UnsafeRow = KeyCodec.row(bytes, 0, bytes.length, numKeyFields)
+  override def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow =
+    KeyCodec.row(bytes, offset, length, numKeyFields)
   override def scanPrefix(prefix: UnsafeRow): Array[Byte] =
     throw new IllegalStateException("prefix scan on a store without a prefix-scan key encoder")
 }
@@ -94,10 +97,9 @@ final class PrefixKeys(spec: PrefixKeySpec, numKeyFields: Int) extends KeyCodec 
     out.array()
   }
 
-  override def decode(bytes: Array[Byte]): UnsafeRow = {
-    val prefixLength = ByteBuffer.wrap(bytes, 0, 4).getInt
-    val start = 4 + prefixLength
-    KeyCodec.row(bytes, start, bytes.length - start, numKeyFields)
+  override def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow = {
+    val start = 4 + ByteBuffer.wrap(bytes, offset, 4).getInt
+    KeyCodec.row(bytes, offset + start, length - start, numKeyFields)
   }
 
   override def scanPrefix(prefix: UnsafeRow): Array[Byte] = {

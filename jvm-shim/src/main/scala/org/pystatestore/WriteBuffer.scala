@@ -1,0 +1,503 @@
+package org.pystatestore
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.unsafe.Platform
+import org.apache.spark.unsafe.array.ByteArrayMethods
+import org.apache.spark.unsafe.hash.Murmur3_x86_32
+
+/**
+ * The uncommitted writes of one version (DESIGN §2 write buffer): an append-only log of records in
+ * pages of native memory, with an open-addressing hash index (two arrays) from key to the key's
+ * newest record. A micro-batch of a million writes is a few dozen native pages, not millions of
+ * Java objects, and no call crosses JNI (RocksDB's WriteBatchWithIndex cost ~4 µs per write and
+ * ~1.5 µs per entry read back; this costs a hash probe and a copy). Off the heap because pages
+ * that live for a whole task made G1 grow the heap by more than twice their size; rows handed to
+ * Spark are copies, so nothing outside points into memory the buffer frees.
+ *
+ * Records are never moved or changed once written, except the pointer to the record that
+ * supersedes them, so a point-in-time view is just a position in the log: `iterator()` and
+ * `prefixScan()` see the buffer as it was when they started while Spark keeps writing.
+ *
+ * Besides writes the log holds *read marks*: whether the base version had a key Spark read
+ * (Spark reads most keys before writing them, often through a read store that is then upgraded).
+ * A write inherits its key's mark, so the commit knows which written keys are new without asking
+ * the base. Marks are never visible as entries.
+ *
+ * Keys are in `codec`'s encoding. For prefix-scan stores that encoding starts with the prefix
+ * (`prefix-v1`), and every write is also linked into a chain per prefix, so a prefix scan walks
+ * only its prefix's records. Every call holds the buffer's lock: Spark may use a store from more
+ * than one thread.
+ */
+final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoCloseable {
+  import WriteBuffer._
+
+  private val prefixed = codec.isInstanceOf[PrefixKeys]
+  private val header = if (prefixed) HeaderWithPrefixLink else Header
+
+  private val native = new NativePages()
+  private val cleanable = WriteBuffer.cleaner.register(this, native) // frees pages a leak would keep
+  private var used = 0 // bytes used in the newest page
+
+  private val keyIndex = new PositionIndex()
+  /** Prefix-scan stores: prefix -> the newest write with that prefix (the head of its chain). */
+  private val prefixIndex = if (prefixed) new PositionIndex() else null
+
+  private var open = true
+  private var writes = 0L
+  /** Reused to hand a record's bytes to the commit. */
+  private var scratch = new Array[Byte](256)
+
+  def isOpen: Boolean = synchronized(open)
+
+  private def checkOpen(): Unit =
+    if (!open) throw new IllegalStateException("the store's write buffer was released")
+
+  // ---- records ----
+  // A position is (page index << 32 | offset in page): positions grow with every append.
+
+  private def addressOf(pos: Long): Long = native.addresses((pos >>> 32).toInt) + (pos & 0xffffffffL)
+
+  private def prevOf(pos: Long): Long = Platform.getLong(null, addressOf(pos) + PrevAt)
+  private def nextOf(pos: Long): Long = Platform.getLong(null, addressOf(pos) + NextAt)
+  private def flagsOf(pos: Long): Int = Platform.getByte(null, addressOf(pos) + FlagsAt) & 0xff
+  private def keyLengthOf(pos: Long): Int = Platform.getInt(null, addressOf(pos) + KeyLengthAt)
+  private def valueLengthOf(pos: Long): Int = Platform.getInt(null, addressOf(pos) + ValueLengthAt)
+  private def prefixPrevOf(pos: Long): Long = Platform.getLong(null, addressOf(pos) + PrefixLinkAt)
+  private def keyAddress(pos: Long): Long = addressOf(pos) + header
+  private def valueAddress(pos: Long): Long = keyAddress(pos) + keyLengthOf(pos)
+
+  private def keyEquals(pos: Long, key: Array[Byte], length: Int): Boolean =
+    keyLengthOf(pos) == length &&
+      ByteArrayMethods.arrayEquals(null, keyAddress(pos), key, Platform.BYTE_ARRAY_OFFSET, length)
+
+  private def prefixEquals(pos: Long, prefix: Array[Byte], length: Int): Boolean =
+    keyLengthOf(pos) >= length &&
+      ByteArrayMethods.arrayEquals(null, keyAddress(pos), prefix, Platform.BYTE_ARRAY_OFFSET, length)
+
+  private def copyOut(address: Long, length: Int): Array[Byte] = {
+    val out = new Array[Byte](length)
+    Platform.copyMemory(null, address, out, Platform.BYTE_ARRAY_OFFSET, length)
+    out
+  }
+
+  /** Appends a record; returns its position. */
+  private def append(flags: Int, prev: Long, key: Array[Byte], value: UnsafeRow): Long = {
+    val valueLength = if (value == null) 0 else value.getSizeInBytes
+    val size = header + key.length + valueLength
+    if (native.count == 0 || used + size > native.sizes(native.count - 1)) {
+      // Small at first (most stores write little), then 1 MiB; a larger record gets its own page.
+      val next = if (native.count == 0) FirstPageBytes else math.min(MaxPageBytes, native.sizes(native.count - 1) * 2)
+      native.add(math.max(next, size), used)
+      used = 0
+    }
+    val pos = ((native.count - 1).toLong << 32) | used
+    val address = addressOf(pos)
+    Platform.putLong(null, address + PrevAt, prev)
+    Platform.putLong(null, address + NextAt, NoRecord)
+    Platform.putByte(null, address + FlagsAt, flags.toByte)
+    Platform.putInt(null, address + KeyLengthAt, key.length)
+    Platform.putInt(null, address + ValueLengthAt, valueLength)
+    Platform.copyMemory(key, Platform.BYTE_ARRAY_OFFSET, null, address + header, key.length)
+    if (value != null) value.writeToMemory(null, address + header + key.length)
+    used += size
+    pos
+  }
+
+  private def hashOf(bytes: Array[Byte], length: Int): Int =
+    Murmur3_x86_32.hashUnsafeBytes(bytes, Platform.BYTE_ARRAY_OFFSET, length, 42)
+
+  /** The newest record of `key` (encoded), or NoRecord. */
+  private def find(key: Array[Byte]): Long =
+    keyIndex.find(hashOf(key, key.length), pos => keyEquals(pos, key, key.length))
+
+  /** Length of the prefix part of a `prefix-v1` key: the 4-byte length, then the prefix row. */
+  private def prefixLength(key: Array[Byte]): Int =
+    4 + ((key(0) & 0xff) << 24 | (key(1) & 0xff) << 16 | (key(2) & 0xff) << 8 | (key(3) & 0xff))
+
+  // ---- the store's calls ----
+
+  /**
+   * What a read of `key` sees: the buffered value, null for a buffered delete, or else what
+   * `fromBase` gives, which is then remembered as a read mark.
+   */
+  def read(key: UnsafeRow, fromBase: UnsafeRow => UnsafeRow): UnsafeRow = synchronized {
+    checkOpen()
+    val encoded = codec.encode(key)
+    val pos = find(encoded)
+    if (pos != NoRecord && (flagsOf(pos) & MarkFlag) == 0) {
+      if ((flagsOf(pos) & DeleteFlag) != 0) null else valueRow(pos)
+    } else {
+      val v = fromBase(key)
+      if (pos == NoRecord) addMark(encoded, v != null)
+      v
+    }
+  }
+
+  /** Leaves a read mark: `key` was read from the base, which has it iff `present`. */
+  def mark(key: UnsafeRow, present: Boolean): Unit = synchronized {
+    checkOpen()
+    val encoded = codec.encode(key)
+    if (find(encoded) == NoRecord) addMark(encoded, present)
+  }
+
+  private def addMark(encoded: Array[Byte], present: Boolean): Unit = {
+    val pos = append(MarkFlag | (if (present) Present else Absent), NoRecord, encoded, null)
+    keyIndex.put(hashOf(encoded, encoded.length), pos, _ => false)
+  }
+
+  /** Buffers `value` for `key`; null buffers a delete. */
+  def write(key: UnsafeRow, value: UnsafeRow): Unit = synchronized {
+    checkOpen()
+    val encoded = codec.encode(key)
+    val hash = hashOf(encoded, encoded.length)
+    val old = keyIndex.find(hash, p => keyEquals(p, encoded, encoded.length))
+    val inBase = if (old == NoRecord) Unknown else flagsOf(old) & BaseMask
+    val pos = append(inBase | (if (value == null) DeleteFlag else 0), old, encoded, value)
+    if (old == NoRecord) keyIndex.put(hash, pos, _ => false)
+    else {
+      Platform.putLong(null, addressOf(old) + NextAt, pos)
+      keyIndex.put(hash, pos, p => p == old)
+    }
+    if (prefixed) {
+      val length = prefixLength(encoded)
+      val prefixHash = hashOf(encoded, length)
+      val head = prefixIndex.find(prefixHash, p => prefixEquals(p, encoded, length))
+      Platform.putLong(null, addressOf(pos) + PrefixLinkAt, head)
+      prefixIndex.put(prefixHash, pos, p => p == head)
+    }
+    writes += 1
+  }
+
+  private def valueRow(pos: Long): UnsafeRow = {
+    val bytes = copyOut(valueAddress(pos), valueLengthOf(pos))
+    KeyCodec.row(bytes, 0, bytes.length, numValueFields)
+  }
+
+  private def keyRow(pos: Long): UnsafeRow = codec.decode(copyOut(keyAddress(pos), keyLengthOf(pos)))
+
+  // ---- point-in-time views ----
+
+  /** A position in the log: every record written from now on is at or after it. */
+  def now: Long = synchronized {
+    checkOpen()
+    if (native.count == 0) 0L else ((native.count - 1).toLong << 32) | used
+  }
+
+  /** Is `pos` the key's newest write as of `at` (written before it and not superseded before it)? */
+  private def visibleAt(pos: Long, at: Long): Boolean =
+    pos < at && (flagsOf(pos) & MarkFlag) == 0 && { val n = nextOf(pos); n == NoRecord || n >= at }
+
+  /**
+   * The buffer's entries as of `at` (from `now`): (key, value), value null for a delete; only
+   * those whose key starts with `scanPrefix` if given (prefix-scan stores). Rows are read lazily,
+   * each step under the lock, so Spark may write while it iterates.
+   */
+  def entriesAt(at: Long, scanPrefix: Array[Byte] = null): Iterator[(UnsafeRow, UnsafeRow)] = {
+    val positions: Iterator[Long] = if (scanPrefix == null) recordsUpTo(at) else synchronized {
+      checkOpen()
+      val head = prefixIndex.find(hashOf(scanPrefix, scanPrefix.length),
+        p => prefixEquals(p, scanPrefix, scanPrefix.length))
+      Iterator.iterate(head)(p => synchronized { checkOpen(); prefixPrevOf(p) }).takeWhile(_ != NoRecord)
+    }
+    positions.flatMap { pos =>
+      synchronized {
+        checkOpen()
+        if (!visibleAt(pos, at)) None
+        else Some(keyRow(pos) -> (if ((flagsOf(pos) & DeleteFlag) != 0) null else valueRow(pos)))
+      }
+    }
+  }
+
+  /** Every record position before `at`, in log order. */
+  private def recordsUpTo(at: Long): Iterator[Long] = new Iterator[Long] {
+    private var pos = if (at == 0L) NoRecord else 0L
+    override def hasNext: Boolean = pos != NoRecord
+    override def next(): Long = {
+      val current = pos
+      pos = WriteBuffer.this.synchronized {
+        checkOpen()
+        val end = (current & 0xffffffffL) + header + keyLengthOf(current) + valueLengthOf(current)
+        val pageIndex = current >>> 32
+        val following = if (end < usedIn(pageIndex.toInt)) (pageIndex << 32) | end else (pageIndex + 1) << 32
+        if (following < at) following else NoRecord
+      }
+      current
+    }
+  }
+
+  /** Bytes used in a page: a page may end with a gap (the next record did not fit). */
+  private def usedIn(pageIndex: Int): Int = if (pageIndex == native.count - 1) used else native.used(pageIndex)
+
+  /** Does the buffer, as of `at`, hold a write (or delete) of `key`? */
+  def writtenAt(key: UnsafeRow, at: Long): Boolean = synchronized {
+    checkOpen()
+    var pos = find(codec.encode(key))
+    while (pos != NoRecord && pos >= at) pos = prevOf(pos)
+    pos != NoRecord && (flagsOf(pos) & MarkFlag) == 0
+  }
+
+  // ---- the commit ----
+
+  /**
+   * Calls `visit` for every key's newest write under the lock: (flags, bytes, key offset, key
+   * length, value offset, value length), offsets into `bytes`, which hold the record only until
+   * `visit` returns. In log order, or with `sorted` in ascending order of the key bytes (unsigned,
+   * RocksDB's bytewise order). `isDelete` and `presentInBase` read the flags.
+   */
+  def foreachWrite(sorted: Boolean = false)(visit: (Int, Array[Byte], Int, Int, Int, Int) => Unit): Unit =
+    synchronized {
+      checkOpen()
+      var newest = new Array[Long](1024)
+      var count = 0
+      val it = recordsUpTo(now)
+      while (it.hasNext) {
+        val pos = it.next()
+        if ((flagsOf(pos) & MarkFlag) == 0 && nextOf(pos) == NoRecord) {
+          if (count == newest.length) newest = java.util.Arrays.copyOf(newest, count * 2)
+          newest(count) = addressOf(pos) // pages never move while the lock is held
+          count += 1
+        }
+      }
+      if (sorted) sortByKey(newest, count)
+      var i = 0
+      while (i < count) {
+        val record = newest(i)
+        val keyLength = Platform.getInt(null, record + KeyLengthAt)
+        val valueLength = Platform.getInt(null, record + ValueLengthAt)
+        if (scratch.length < keyLength + valueLength) scratch = new Array[Byte](keyLength + valueLength)
+        Platform.copyMemory(null, record + header, scratch, Platform.BYTE_ARRAY_OFFSET, keyLength + valueLength)
+        visit(Platform.getByte(null, record + FlagsAt) & 0xff, scratch, 0, keyLength, keyLength, valueLength)
+        i += 1
+      }
+    }
+
+  /**
+   * Sorts the record addresses `positions[0, count)` by their records' key bytes (keys are
+   * distinct): quicksort on the primitive array (median of three, insertion sort for short
+   * ranges), no boxing.
+   */
+  private def sortByKey(positions: Array[Long], count: Int): Unit = {
+    def swap(i: Int, j: Int): Unit = { val t = positions(i); positions(i) = positions(j); positions(j) = t }
+    def sort(from: Int, until: Int): Unit = {
+      var lo = from
+      var hi = until
+      while (hi - lo > 16) {
+        val mid = (lo + hi) >>> 1
+        if (compareKeys(positions(mid), positions(lo)) < 0) swap(mid, lo)
+        if (compareKeys(positions(hi - 1), positions(lo)) < 0) swap(hi - 1, lo)
+        if (compareKeys(positions(hi - 1), positions(mid)) < 0) swap(hi - 1, mid)
+        val pivot = positions(mid)
+        var i = lo
+        var j = hi - 1
+        while (i <= j) {
+          while (compareKeys(positions(i), pivot) < 0) i += 1
+          while (compareKeys(positions(j), pivot) > 0) j -= 1
+          if (i <= j) { swap(i, j); i += 1; j -= 1 }
+        }
+        // Recurse into the smaller side, loop on the larger: the stack stays O(log n).
+        if (j - lo < hi - i) { sort(lo, j + 1); lo = i } else { sort(i, hi); hi = j + 1 }
+      }
+      var k = lo + 1
+      while (k < hi) {
+        val x = positions(k)
+        var m = k - 1
+        while (m >= lo && compareKeys(positions(m), x) > 0) { positions(m + 1) = positions(m); m -= 1 }
+        positions(m + 1) = x
+        k += 1
+      }
+    }
+    sort(0, count)
+  }
+
+  /** Unsigned lexicographic order of the keys of the records at addresses `a` and `b`. */
+  private def compareKeys(a: Long, b: Long): Int = {
+    val (aAt, bAt) = (a + header, b + header)
+    val aLength = Platform.getInt(null, a + KeyLengthAt)
+    val bLength = Platform.getInt(null, b + KeyLengthAt)
+    val common = math.min(aLength, bLength)
+    var i = 0
+    while (i + 8 <= common) {
+      val x = java.lang.Long.reverseBytes(Platform.getLong(null, aAt + i))
+      val y = java.lang.Long.reverseBytes(Platform.getLong(null, bAt + i))
+      if (x != y) return java.lang.Long.compareUnsigned(x, y)
+      i += 8
+    }
+    while (i < common) {
+      val x = Platform.getByte(null, aAt + i) & 0xff
+      val y = Platform.getByte(null, bAt + i) & 0xff
+      if (x != y) return x - y
+      i += 1
+    }
+    aLength - bLength
+  }
+
+  /** The key in `bytes[offset, offset + length)`, pointing into `bytes`. */
+  def decodeKey(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow = codec.decode(bytes, offset, length)
+
+  /** The value in `bytes[offset, offset + length)`, pointing into `bytes`. */
+  def decodeValue(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow =
+    KeyCodec.row(bytes, offset, length, numValueFields)
+
+  /** Writes and deletes buffered (overwrites included; marks not). */
+  def numWrites: Long = synchronized(writes)
+
+  /** Bytes the buffer holds: its native pages and its indexes. */
+  def memoryBytes: Long = synchronized {
+    if (!open) 0L else native.bytes + keyIndex.memoryBytes + (if (prefixIndex == null) 0L else prefixIndex.memoryBytes)
+  }
+
+  /** Frees the pages. Every later call fails; rows handed out are copies and stay valid. */
+  override def close(): Unit = synchronized {
+    if (open) {
+      open = false
+      cleanable.clean()
+      keyIndex.clear()
+      if (prefixIndex != null) prefixIndex.clear()
+      scratch = null
+    }
+  }
+}
+
+object WriteBuffer {
+  private val cleaner = java.lang.ref.Cleaner.create()
+
+  /** A position that is no record. */
+  private val NoRecord = -1L
+
+  // What a write knows of its key in the base version (from a read mark).
+  val Unknown = 0
+  val Present = 1
+  val Absent = 2
+  val BaseMask = 3
+  val DeleteFlag = 4
+  val MarkFlag = 8
+
+  def isDelete(flags: Int): Boolean = (flags & DeleteFlag) != 0
+
+  /** Does the base version have a written key? Known from its read mark, else `lookUp`. */
+  def presentInBase(flags: Int)(lookUp: => Boolean): Boolean = flags & BaseMask match {
+    case Present => true
+    case Absent => false
+    case _ => lookUp
+  }
+
+  // Record layout: prev (the key's previous record), next (the record superseding this one),
+  // flags, key length, value length, [prefix link: the previous write with the same prefix],
+  // key bytes, value bytes.
+  private val PrevAt = 0
+  private val NextAt = 8
+  private val FlagsAt = 16
+  private val KeyLengthAt = 17
+  private val ValueLengthAt = 21
+  private val Header = 25
+  private val PrefixLinkAt = 25
+  private val HeaderWithPrefixLink = 33
+
+  private val FirstPageBytes = 4096
+  private val MaxPageBytes = 1 << 20
+}
+
+/**
+ * A write buffer's native pages: addresses, sizes and bytes used (of every page but the newest,
+ * whose use the buffer tracks). Freed once, by the buffer's close or, for a buffer nobody closed,
+ * by the Cleaner; so it must not refer to the buffer.
+ */
+private final class NativePages extends Runnable {
+  var addresses = new Array[Long](4)
+  var sizes = new Array[Int](4)
+  var used = new Array[Int](4)
+  var count = 0
+  var bytes = 0L
+
+  /** Adds a page of `size` bytes; `usedInNewest` is what the previous newest page ended with. */
+  def add(size: Int, usedInNewest: Int): Unit = synchronized {
+    if (count == addresses.length) {
+      addresses = java.util.Arrays.copyOf(addresses, count * 2)
+      sizes = java.util.Arrays.copyOf(sizes, count * 2)
+      used = java.util.Arrays.copyOf(used, count * 2)
+    }
+    if (count > 0) used(count - 1) = usedInNewest
+    addresses(count) = Platform.allocateMemory(size)
+    sizes(count) = size
+    count += 1
+    bytes += size
+  }
+
+  override def run(): Unit = synchronized {
+    var i = 0
+    while (i < count) {
+      Platform.freeMemory(addresses(i))
+      i += 1
+    }
+    count = 0
+    bytes = 0
+  }
+}
+
+/**
+ * An open-addressing hash table (linear probing) of record positions, keyed by a hash the caller
+ * computes; equality is the caller's too (it reads the record). Two arrays, no objects per entry.
+ */
+private[pystatestore] final class PositionIndex {
+  private var positions = newSlots(64)
+  private var hashes = new Array[Int](64)
+  private var size = 0
+
+  private def newSlots(n: Int): Array[Long] = {
+    val a = new Array[Long](n)
+    java.util.Arrays.fill(a, -1L)
+    a
+  }
+
+  def find(hash: Int, matches: Long => Boolean): Long = {
+    val mask = positions.length - 1
+    var i = hash & mask
+    while (positions(i) != -1L) {
+      if (hashes(i) == hash && matches(positions(i))) return positions(i)
+      i = (i + 1) & mask
+    }
+    -1L
+  }
+
+  /** Sets the entry for which `replaces` holds (or a new one) to `pos`. */
+  def put(hash: Int, pos: Long, replaces: Long => Boolean): Unit = {
+    val mask = positions.length - 1
+    var i = hash & mask
+    while (positions(i) != -1L) {
+      if (hashes(i) == hash && replaces(positions(i))) {
+        positions(i) = pos
+        return
+      }
+      i = (i + 1) & mask
+    }
+    positions(i) = pos
+    hashes(i) = hash
+    size += 1
+    if (size * 2 > positions.length) grow()
+  }
+
+  private def grow(): Unit = {
+    val (oldPositions, oldHashes) = (positions, hashes)
+    positions = newSlots(oldPositions.length * 2)
+    hashes = new Array[Int](oldPositions.length * 2)
+    val mask = positions.length - 1
+    var j = 0
+    while (j < oldPositions.length) {
+      if (oldPositions(j) != -1L) {
+        var i = oldHashes(j) & mask
+        while (positions(i) != -1L) i = (i + 1) & mask
+        positions(i) = oldPositions(j)
+        hashes(i) = oldHashes(j)
+      }
+      j += 1
+    }
+  }
+
+  def memoryBytes: Long = positions.length * 12L
+
+  def clear(): Unit = {
+    positions = newSlots(1)
+    hashes = new Array[Int](1)
+    size = 0
+  }
+}
