@@ -43,10 +43,11 @@ DEFAULT_L0_COMPACTION_TRIGGER = 8
 # RocksDB inside rocksdict (10.x). Format 5 is read by every RocksDB since 6.6.
 TABLE_FORMAT_VERSION = 5
 BLOOM_BITS_PER_KEY = 10  # point lookups in the JVM skip files that cannot hold the key
+METADATA_BLOCK_BYTES = 4096  # index and filter partitions
 APPLY_CHUNK_ROWS = 16384
 # The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
 # restores touch: small, shared by every store in the worker.
-WORKER_BLOCK_CACHE_BYTES = 16 << 20
+WORKER_BLOCK_CACHE_BYTES = 8 << 20
 STALE_COPY_SCAN_INTERVAL_S = 3600.0
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
@@ -118,6 +119,13 @@ class RocksDBBackend(StateBackend):
         table.set_format_version(TABLE_FORMAT_VERSION)
         table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
         table.set_cache_index_and_filter_blocks(True)
+        # Partitioned index and filters (4 KiB blocks under a small pinned top level): a whole-file
+        # filter of a large SST does not fit a block cache shard, and the JVM's bounded cache
+        # thrashed on them (every lookup of a new key re-read a file's filter).
+        table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+        table.set_partition_filters(True)
+        table.set_metadata_block_size(METADATA_BLOCK_BYTES)
+        table.set_pin_top_level_index_and_filter(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(16 << 20)
         return opts

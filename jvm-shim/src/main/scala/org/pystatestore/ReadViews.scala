@@ -116,7 +116,8 @@ final class PrefixKeys(spec: PrefixKeySpec, numKeyFields: Int) extends KeyCodec 
  * bound covers them), and the options views are opened with.
  */
 object RocksViews extends Logging {
-  val DefaultBlockCacheMB = 64L
+  val DefaultBlockCacheMB = 32L
+  private val IndexAndFilterShare = 0.5
   private var cache: LRUCache = _
   private var options: Options = _
   private var capacityBytes = 0L
@@ -129,10 +130,15 @@ object RocksViews extends Logging {
     if (options == null) {
       RocksDB.loadLibrary()
       capacityBytes = blockCacheMB * 1024 * 1024
-      cache = new LRUCache(capacityBytes)
+      // Half the cache is kept for index and filter blocks: every lookup needs its files' filters,
+      // and without a reserved pool the data blocks that filter false positives read (most
+      // lookups of a growing key space miss) evict them and the cache thrashes.
+      cache = new LRUCache(capacityBytes, -1, false, IndexAndFilterShare)
       val table = new BlockBasedTableConfig()
         .setBlockCache(cache)
         .setCacheIndexAndFilterBlocks(true)
+        .setCacheIndexAndFilterBlocksWithHighPriority(true)
+        .setPinL0FilterAndIndexBlocksInCache(false)
         .setFilterPolicy(new BloomFilter(10))
       options = new Options()
         .setCreateIfMissing(false)
