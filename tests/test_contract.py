@@ -35,7 +35,11 @@ BACKENDS = ["rocksdb", "memory"]
 def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
     work = tmp_path_factory.mktemp(f"contract-{request.param}")
-    stall = [{"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1}]
+    stall = [
+        {"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1},
+        {"store": "severed-store", "point": "commit:uploaded", "action": "sever", "times": 1},
+        {"store": "slow-commit", "point": "commit:uploaded", "action": "sleep", "seconds": 13, "times": 1},
+    ]
     proc = run_spark_submit(
         "org.pystatestore.tests.ContractSuite",
         jar,

@@ -3,6 +3,7 @@ unwritable local-recovery directory; results always equal the built-in provider'
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -145,10 +146,24 @@ def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
     finally:
         spark.stop()
     assert killed, "no executor of this application was killed"
-    # The first run's batches, before the query restart. Nothing is restored there unless an
-    # executor died: the stores of the killed one were restored on this host from its local copies.
-    first_run = [p for p in progress if 1 <= p["batchId"] < files_per_phase]
-    per_batch = {p["batchId"]: restore_totals([p]) for p in first_run}
-    assert any(
-        t["pystatestoreRestoreLocalBytes"] > 0 and t["pystatestoreRestoreRemoteBytes"] == 0 for t in per_batch.values()
-    ), per_batch
+    # Which stores the killed executor held, and the first version another JVM wrote for each
+    # (manifests name their writer's JVM): those stores were restored in the batch that wrote it,
+    # in the first run, before any query restart.
+    moved_at: dict[str, int] = {}
+    for store in sorted(d for d in state_dir.iterdir() if d.name.isdigit()):  # partitions, not _metadata
+        writers = {
+            v: json.loads((store / "manifests" / f"{v}.json").read_text())["writer"]["jvmPid"]
+            for v in range(1, files_per_phase + 1)
+        }
+        for v in range(1, files_per_phase):
+            if writers[v] == killed[0] and writers[v + 1] != killed[0]:
+                moved_at[store.name] = v + 1
+    assert moved_at, "no store of the killed executor was taken over by the other one"
+    per_batch = {p["batchId"]: restore_totals([p]) for p in progress if 1 <= p["batchId"] < files_per_phase}
+    for store, version in moved_at.items():
+        restored = per_batch[version - 1]  # batch b writes version b + 1
+        assert restored["pystatestoreRestoreLocalBytes"] > 0 and restored["pystatestoreRestoreRemoteBytes"] == 0, (
+            store,
+            version,
+            per_batch,
+        )

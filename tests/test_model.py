@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -60,6 +60,19 @@ COMMIT_POINTS = [
     "local-save:moved",
 ]
 DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from here on keeps the version
+
+
+MODEL_OPTIONS = {"rocksdb.l0CompactionTrigger": "2", "transferThreads": "2"}
+
+
+def compacted_at(store_dir: Path, version: int) -> bool:
+    """Did `version` stop referencing an SST its predecessor referenced (a compaction rewrote it)?"""
+    try:
+        docs = [json.loads((store_dir / "manifests" / f"{v}.json").read_text()) for v in (version - 1, version)]
+    except FileNotFoundError:
+        return False
+    before, after = ({ref["path"] for ref in d["shared"].values()} for d in docs)
+    return bool(before - after)
 
 
 class SimulatedCrashError(Exception):
@@ -111,7 +124,7 @@ class BackendModel(RuleBasedStateMachine):
         self.generation += 1
         local = self.root / f"local-{self.generation}"
         # Writers share this host's local recovery copies across restarts, as workers on one host do.
-        options = {"rocksdb.l0CompactionTrigger": "2", "transferThreads": "2"}
+        options = dict(MODEL_OPTIONS)
         options |= {"localRecoveryDir": str(self.root / "recovery")} if local_copies else {"localRecovery": "false"}
         b = make_backend("rocksdb", self.store_dir, local, retain=RETAIN, grace=GRACE, options=options)
         b.clock = self.clock.now
@@ -138,6 +151,7 @@ class BackendModel(RuleBasedStateMachine):
     def record_commit(self, state: dict[bytes, bytes]) -> None:
         self.base += 1
         self.committed[self.base] = state
+        event(f"compacted: {compacted_at(self.store_dir, self.base)}")  # statistics (--hypothesis-show-statistics)
         self.pending = {}
 
     # -- rules ----------------------------------------------------------------------------
@@ -354,3 +368,20 @@ class BackendModel(RuleBasedStateMachine):
 
 BackendModel.TestCase.settings = settings.get_profile(PROFILE)
 TestBackendModel = BackendModel.TestCase
+
+
+def test_the_model_configuration_compacts(tmp_path: Path) -> None:
+    """The model's options must make versions stop sharing SSTs within a few commits, or the state
+    machine never exercises SST churn (files rewritten, old ones collected)."""
+    import random
+
+    rnd = random.Random(3)
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "local", retain=RETAIN, grace=GRACE, options=MODEL_OPTIONS)
+    state: dict[bytes, bytes] = {}
+    for v in range(1, 7):
+        puts = {k: rnd.randbytes(20) for k in rnd.sample(KEYS, 10)}
+        state |= puts
+        commit(b, v - 1, changes(puts), f"t{v}", num_keys=len(state))
+    assert any(compacted_at(store, v) for v in range(2, 7))
+    assert state_of(make_backend("rocksdb", store, tmp_path / "cold"), 6) == state

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import threading
 import time
@@ -99,6 +100,29 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> No
     os.symlink(victim_dir / "data", store / "shared" / "0123456789abcdef0123456789abcdef-000009.sst")
     b.maintenance(now=FAR_FUTURE)
     assert (victim_dir / "data").read_text() == "keep"
+
+
+def test_a_restore_never_reads_through_a_symbolic_link_out_of_the_store(tmp_path: Path) -> None:
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"1"}), "t")
+    elsewhere.mkdir()
+    (store / "shared").rename(elsewhere / "shared")  # the same files, but reached through a link
+    os.symlink(elsewhere / "shared", store / "shared")
+    with pytest.raises(InvalidPathError, match="resolves outside the store"):
+        make_backend("rocksdb", store, tmp_path / "fresh").load(1)
+
+
+def test_a_commit_never_writes_through_a_symbolic_link_out_of_the_store(tmp_path: Path) -> None:
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    b = make_backend("memory", store, tmp_path / "w")
+    commit(b, 0, changes({b"k": b"1"}), "t")
+    elsewhere.mkdir()
+    (store / "manifests").rename(elsewhere / "manifests")
+    os.symlink(elsewhere / "manifests", store / "manifests")
+    before = sorted(p.name for p in (elsewhere / "manifests").iterdir())
+    with pytest.raises(InvalidPathError, match="resolves outside the store"):
+        commit(b, 1, changes({b"k": b"2"}), "t2")
+    assert sorted(p.name for p in (elsewhere / "manifests").iterdir()) == before
 
 
 # -- defect 2: a manifest must belong to this backend and this store ---------------------------------
@@ -203,14 +227,17 @@ def test_gc_keeps_a_file_written_into_a_directory_it_found_empty(tmp_path: Path,
     late = store / "private" / "1-0123456789abcdef0123456789abcdef" / "late-upload"
     late.parent.mkdir()
     os.utime(late.parent, (1, 1))  # an old, empty directory of a dead attempt...
-    real_list_dirs = RemoteStore.list_dirs
+    real_rmdir = os.rmdir
 
-    def list_then_upload(self: RemoteStore, rel: str):  # noqa: ANN202
-        found = real_list_dirs(self, rel)
-        late.write_text("uploaded after GC listed the directory")  # ...that another attempt writes into now
-        return found
+    def upload_then_rmdir(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if os.fspath(path) == str(late.parent):
+            late.write_text("uploaded after GC found the directory empty")  # ...written at the last moment
+        return real_rmdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(RemoteStore, "list_dirs", list_then_upload)
+    # The upload lands after every check GC could make and just before the directory is removed:
+    # only a removal that refuses a non-empty directory (rmdir) keeps it. (An implementation that
+    # never calls rmdir never triggers the upload, and fails the read below.)
+    monkeypatch.setattr(os, "rmdir", upload_then_rmdir)
     b.maintenance(now=FAR_FUTURE)
     assert late.read_text().startswith("uploaded after")
 
@@ -342,6 +369,38 @@ def hdfs_like_backend(store: Path, local: Path, handler: NoReplaceRename) -> Sta
     return b
 
 
+class NoDirectoryTimes(NoReplaceRename):
+    """Like S3: directories (prefixes) have no modification time. Records directory deletions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted_dirs: list[str] = []
+
+    def get_file_info_selector(self, selector):  # noqa: ANN001, ANN201
+        infos = self.local.get_file_info(selector)
+        return [pafs.FileInfo(i.path, i.type) if i.type == pafs.FileType.Directory else i for i in infos]
+
+    def delete_dir(self, path: str) -> None:
+        self.deleted_dirs.append(posixpath.basename(path))
+        super().delete_dir(path)
+
+
+def test_gc_never_judges_a_directory_of_unknown_age_old(tmp_path: Path) -> None:
+    """On object stores a new attempt's directory has no age: it must not be taken for a dead
+    attempt's and removed (with a recursive delete) while the attempt writes its first file."""
+    store, handler = tmp_path / "store", NoDirectoryTimes()
+    b = make_backend("memory", store, tmp_path / "w", retain=0)
+    b.remote = RemoteStore(f"file:{store}", fs=pafs.PyFileSystem(handler), root=str(store))
+    for v in range(1, 4):
+        commit(b, v - 1, changes({b"k": str(v).encode()}), "t")
+    starting = "4-0123456789abcdef0123456789abcdef"  # an attempt that has not written its lease yet
+    (store / "private" / starting).mkdir()
+    b.maintenance(now=FAR_FUTURE)
+    assert starting not in handler.deleted_dirs and (store / "private" / starting).is_dir()
+    # the emptied directories of published versions below the retained one still go
+    assert sorted(d.split("-")[0] for d in handler.deleted_dirs) == ["1", "2"]
+
+
 def test_manifest_replace_works_without_an_overwriting_rename(tmp_path: Path) -> None:
     store, handler = tmp_path / "store", NoReplaceRename()
     b = hdfs_like_backend(store, tmp_path / "w", handler)
@@ -400,11 +459,8 @@ def store_json(store: Path, local: Path, instance: str, **options: str) -> str:
     )
 
 
-def test_a_call_waiting_for_a_stuck_store_gives_up_and_names_the_holder(tmp_path: Path) -> None:
-    service = StoreService()
-    handle = json.loads(service.openStore(store_json(tmp_path / "s", tmp_path / "l", "i1", callTimeoutMs="1500")))[
-        "handle"
-    ]
+def start_stuck_commit(service: StoreService, handle: str, tmp_path: Path) -> tuple[threading.Event, threading.Thread]:
+    """Starts a commit of version 1 that stops after its uploads until the returned event is set."""
     backend = service._stores[handle].backend
     release = threading.Event()
     backend.fault_hook = lambda point: release.wait(30) if point == "commit:uploaded" else None
@@ -415,6 +471,15 @@ def test_a_call_waiting_for_a_stuck_store_gives_up_and_names_the_holder(tmp_path
     stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a", 1, view), daemon=True)
     stuck.start()
     time.sleep(0.5)
+    return release, stuck
+
+
+def test_a_call_waiting_for_a_stuck_store_gives_up_and_names_the_holder(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = json.loads(service.openStore(store_json(tmp_path / "s", tmp_path / "l", "i1", callTimeoutMs="1500")))[
+        "handle"
+    ]
+    release, stuck = start_stuck_commit(service, handle, tmp_path)
     started = time.time()
     reply = json.loads(service.maintenance(handle))
     assert time.time() - started < 10
@@ -458,6 +523,22 @@ def test_reopening_a_store_closes_the_backend_it_replaces(tmp_path: Path) -> Non
         time.sleep(0.05)
     assert not work2.exists()
     service.close_all()
+
+
+def test_closing_a_store_busy_with_a_stuck_call_closes_it_when_the_call_returns(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = json.loads(service.openStore(store_json(tmp_path / "s", tmp_path / "l", "i1")))["handle"]
+    backend = service._stores[handle].backend
+    release, stuck = start_stuck_commit(service, handle, tmp_path)
+    reply = json.loads(service.closeStore(handle, wait_seconds=0.5))
+    assert reply == {"closed": True, "deferred": True}, reply
+    assert backend.work_dir.exists()  # still in use by the stuck commit
+    release.set()
+    stuck.join(30)
+    deadline = time.time() + 10
+    while backend.work_dir.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not backend.work_dir.exists(), "the closed store's backend was never closed"
 
 
 def test_close_all_closes_every_store(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ which tests set on the processes they start, never by a Spark or pystatestore co
 
 The variable holds a JSON list of rules; each applies to stores whose directory contains `store`:
     {"store": "hang-me", "point": "commit:uploaded", "action": "sleep", "seconds": 30, "times": 1}
-Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "exit" (the worker dies at once).
+Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "exit" (the worker dies at once),
+"sever" (close the connection of the JVM's call in progress, a transport error, then fail the call).
 Points are the backends' fault points (commit:applied, upload:file, restore:file, gc:deleted, ...).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -61,5 +63,17 @@ def install(backend: StateBackend) -> None:
                 raise InjectedFaultError(f"injected failure at {point}")
             elif action == "exit":
                 os._exit(17)
+            elif action == "sever":
+                _sever_current_connection()
+                raise InjectedFaultError(f"injected transport failure at {point}")
 
     backend.fault_hook = hook
+
+
+def _sever_current_connection() -> None:
+    """Py4J serves each JVM call on a connection thread that owns the call's socket: shutting it
+    down is what a network failure looks like to the JVM, while the worker itself lives on."""
+    conn = getattr(threading.current_thread(), "socket", None)
+    if conn is None:
+        raise RuntimeError("'sever' needs a call from the JVM (no Py4J connection on this thread)")
+    conn.shutdown(socket.SHUT_RDWR)

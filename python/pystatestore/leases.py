@@ -59,13 +59,13 @@ def attempt_token_of(path: str) -> str | None:
 
 
 def live_attempts(listing: Iterable[RemoteFile], *, now: float, grace_seconds: float) -> frozenset[str]:
-    """Tokens of attempts whose lease was written within the grace period."""
+    """Tokens of attempts whose lease was written within the grace period (or at an unknown time)."""
     return frozenset(
         token
         for f in listing
         if f.path.startswith(LEASE_DIR + "/")
         and (token := attempt_token_of(f.path)) is not None
-        and now - f.mtime <= grace_seconds
+        and (f.mtime is None or now - f.mtime <= grace_seconds)
     )
 
 

@@ -1,8 +1,8 @@
 """Checkpoint storage for one store directory, through pyarrow.fs.
 
 Every path handed to this layer is relative to the store directory and validated, so nothing
-outside a store's directory is ever read, written or deleted. On the local filesystem listings do
-not follow symbolic links and deletions refuse any path whose real location lies outside the store.
+outside a store's directory is ever read, written or deleted. On the local filesystem every path
+must also resolve inside the store (no symbolic link leads out), and listings do not follow links.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def is_object_store(fs: pafs.FileSystem) -> bool:
 class RemoteFile:
     path: str  # relative to the store directory
     size: int
-    mtime: float  # seconds since the epoch
+    mtime: float | None  # seconds since the epoch; None where the filesystem gives none (object-store directories)
 
 
 class RemoteStore:
@@ -95,7 +95,23 @@ class RemoteStore:
         self.object_store = is_object_store(self.fs)
 
     def _abs(self, rel: str, version: int | None = None) -> str:
-        return posixpath.join(self.root, validate_relative_path(rel, store=self.uri, version=version))
+        """The absolute path of store-relative `rel`. On the local filesystem it must also resolve
+        inside the store: a symbolic link planted in a store (a directory or a file) could otherwise
+        make a read, write or delete reach outside it."""
+        path = posixpath.join(self.root, validate_relative_path(rel, store=self.uri, version=version))
+        if self.is_local and not self._resolves_inside(path):
+            raise InvalidPathError(
+                f"{rel!r} resolves outside the store directory (a symbolic link?); nothing was read or written",
+                store=self.uri,
+                version=version,
+                file=rel,
+            )
+        return path
+
+    def _resolves_inside(self, path: str) -> bool:
+        root = os.path.realpath(self.root)
+        real = os.path.realpath(path)
+        return real == root or real.startswith(root + os.sep)
 
     def write_bytes(self, rel: str, data: bytes | pa.Buffer) -> None:
         """Writes a file. Callers use unique names (or, for leases, their own name), so a half-written
@@ -180,7 +196,7 @@ class RemoteStore:
             if info.type != pafs.FileType.File:
                 continue
             rel = posixpath.relpath(info.path, self.root)
-            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
             out.append(RemoteFile(rel, info.size or 0, mtime))
         return out
 
@@ -211,23 +227,15 @@ class RemoteStore:
                 continue
             if self.is_local and os.path.islink(info.path):
                 continue
-            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
             out.append(RemoteFile(posixpath.relpath(info.path, self.root), 0, mtime))
         return out
 
-    def _inside_store(self, path: str) -> bool:
-        """Local filesystem: does `path` really lie inside the store (no symlinked parent)?"""
-        root = os.path.realpath(self.root)
-        parent = os.path.realpath(os.path.dirname(path))
-        return parent == root or parent.startswith(root + os.sep)
-
     def delete(self, rel: str) -> None:
         path = self._abs(rel)
-        if self.is_local and not self._inside_store(path):
+        if self.is_local and os.path.islink(path):
             raise InvalidPathError(
-                f"refusing to delete {rel!r}: its directory resolves outside the store (a symbolic link?)",
-                store=self.uri,
-                file=rel,
+                f"refusing to delete {rel!r}: it is a symbolic link, which no store writes", store=self.uri, file=rel
             )
         self._delete_quietly(path)
 
@@ -244,7 +252,7 @@ class RemoteStore:
         that hold no lease and are older than the grace period)."""
         path = self._abs(rel_dir)
         if self.is_local:
-            if not self._inside_store(path) or os.path.islink(path):
+            if os.path.islink(path):
                 return False
             try:
                 os.rmdir(path)

@@ -71,14 +71,19 @@ def plan_retention(
     live = live_attempts(files, now=now, grace_seconds=grace)
     published = {attempt_token_of(p) for refs in referenced_by_version.values() for p in refs or ()}
 
+    def older_than_grace(f: RemoteFile) -> bool:
+        # An unknown age (object stores give directories none) is never old: age alone never
+        # condemns what might still be in use.
+        return f.mtime is not None and now - f.mtime > grace
+
     def expired_orphan(f: RemoteFile) -> bool:
-        return now - f.mtime > grace and attempt_token_of(f.path) not in live
+        return older_than_grace(f) and attempt_token_of(f.path) not in live
 
     def finished_dir(d: RemoteFile) -> bool:
         token = attempt_token_of(d.path + "/")
-        return token not in live and (token in published or now - d.mtime > grace)
+        return token not in live and (token in published or older_than_grace(d))
 
-    stale_leases = tuple(f.path for f in files if f.path.startswith(LEASE_DIR + "/") and now - f.mtime > grace)
+    stale_leases = tuple(f.path for f in files if f.path.startswith(LEASE_DIR + "/") and older_than_grace(f))
     dead_dirs = tuple(sorted(d.path for d in dirs if finished_dir(d)))
     lowest = lowest_retained_version(referenced_by_version.keys(), min_versions_to_retain)
     if lowest is None:  # no version committed yet: only orphans of crashed first attempts can go
@@ -97,9 +102,9 @@ def plan_retention(
         and (
             # a set-aside manifest is a fallback only while its version has no final manifest
             (rv := version_of_replaced_manifest(f.path)) is not None
-            and (rv < lowest or (rv in finals and now - f.mtime > grace))
+            and (rv < lowest or (rv in finals and older_than_grace(f)))
             or rv is None
-            and now - f.mtime > grace  # temporaries of crashed publishes
+            and older_than_grace(f)  # temporaries of crashed publishes
         )
     )
     if any(referenced_by_version[v] is None for v in kept):

@@ -239,14 +239,23 @@ class StoreService:
 
         return _reply(run)
 
-    def closeStore(self, handle: str) -> str:  # noqa: N802
+    def closeStore(self, handle: str, wait_seconds: float = CLOSE_WAIT_SECONDS) -> str:  # noqa: N802
+        """Closes a store now, or, if a call (a stuck one) still holds it, as soon as that returns:
+        once it is out of the map nothing else would ever close it."""
+
         def run() -> dict[str, Any]:
             with self._lock:
                 store = self._stores.pop(handle, None)
-            if store is not None:
-                with store.locked("close", handle) as backend:
-                    backend.close()
-            return {"closed": store is not None}
+            if store is None:
+                return {"closed": False}
+            if not store.lock.acquire(timeout=wait_seconds):
+                _close_when_idle(store)
+                return {"closed": True, "deferred": True}
+            try:
+                store.backend.close()
+            finally:
+                store.lock.release()
+            return {"closed": True}
 
         return _reply(run)
 

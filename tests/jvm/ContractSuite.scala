@@ -369,6 +369,10 @@ object ContractSuite {
     val p = provider(dir)
     commitVersion(p, 0, Map("a" -> 1))
     val worker = StateWorker.currentWorker.get
+    val deadWorkersDatabases = Option(StateWorker.localStateDir.listFiles()).toSeq.flatten.flatMap { d =>
+      Option(d.listFiles()).toSeq.flatten
+    }
+    check(backend != "rocksdb" || deadWorkersDatabases.nonEmpty, s"no local databases under ${StateWorker.localStateDir}")
     val s = p.getStore(1)
     s.put(key("b"), value(2))
     // Freeze the worker so the commit is surely in flight, then kill it mid-call.
@@ -388,6 +392,8 @@ object ContractSuite {
     // the retried task: same version again, a fresh worker that reloads version 1 from the checkpoint
     check(commitVersion(p, 1, Map("b" -> 2)) == 2, "retry commits")
     check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    val leftBehind = deadWorkersDatabases.filter(_.exists)
+    check(leftBehind.isEmpty, s"the dead worker's local databases were left behind: ${leftBehind.take(3)}")
     val fresh = provider(dir)
     check(contents(fresh.getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "state after worker restart")
     p.close(); fresh.close()
@@ -492,6 +498,36 @@ object ContractSuite {
     writer.close(); gc.close(); fresh.close()
   }
 
+  scenario("a_commit_slower_than_the_orphan_grace_keeps_its_files_against_concurrent_gc") {
+    // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) stalls the first commit of any store
+    // whose directory contains "slow-commit" for 13 s after its uploads: longer than the smallest
+    // orphan grace (10 s), while another instance of the store collects garbage all along. Only the
+    // commit's lease keeps its uploaded files from being taken for a crashed attempt's orphans.
+    val dir = Files.createTempDirectory(workDir, "slow-commit").toUri.toString
+    // Without local recovery copies, which would mask files lost from the checkpoint.
+    val conf = sqlConf(
+      "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10",
+      "spark.sql.streaming.stateStore.pystatestore.localRecovery" -> "false")
+    val slow = provider(dir, conf = conf)
+    val pool = Executors.newSingleThreadExecutor()
+    val inFlight = pool.submit(new Callable[Long] {
+      override def call(): Long = commitVersion(slow, 0, Map("slow" -> 1, "also" -> 2))
+    })
+    Thread.sleep(1000) // the slow commit holds the stall (the rule fires once)
+    val gc = provider(dir, conf = conf)
+    commitVersion(gc, 0, Map("competing" -> 9)) // another attempt at version 1: it may now delete
+    var runs = 0
+    while (!inFlight.isDone) { gc.doMaintenance(); runs += 1; Thread.sleep(200) }
+    check(inFlight.get() == 1, "the slow commit")
+    pool.shutdownNow()
+    check(runs > 20, s"maintenance ran only $runs times during the slow commit")
+    gc.doMaintenance()
+    val fresh = provider(dir, conf = conf)
+    // The slow attempt's manifest was written last, so it is version 1; every file it names exists.
+    check(contents(fresh.getStore(1)) == Map(("slow", 0) -> 1, ("also", 0) -> 2), "version 1 after GC")
+    slow.close(); gc.close(); fresh.close()
+  }
+
   scenario("a_frozen_worker_fails_the_call_within_bounds") {
     val dir = newDir()
     val p = provider(dir, conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.workerProbeIntervalMs" -> "1000"))
@@ -542,6 +578,25 @@ object ContractSuite {
     check(commitVersion(stuck, 0, Map("a" -> 1)) == 1, "the retry of the stuck store commits")
     check((System.nanoTime() - retryStarted) / 1000000 < 2500, "the retry waited for the stuck call")
     stuck.close(); healthy.close()
+  }
+
+  scenario("a_transport_error_fails_only_that_call") {
+    // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) closes the connection of the first
+    // commit of any store whose directory contains "severed-store", as a network failure would.
+    val severedDir = Files.createTempDirectory(workDir, "severed-store").toUri.toString
+    val severed = provider(severedDir)
+    val healthy = provider(newDir())
+    commitVersion(healthy, 0, Map("warm" -> 1)) // the worker is up
+    val worker = StateWorker.currentWorker.get
+    val e = expectThrows[Throwable]("the severed commit")(commitVersion(severed, 0, Map("a" -> 1)))
+    val text = messages(e)
+    check(text.contains("failed in transport") && text.contains("still answers") && text.contains("severed-store") &&
+      text.contains(s"pid ${worker.pid}") && text.contains(worker.logFile.getPath), s"unclear transport error: $text")
+    check(StateWorker.currentWorker.get eq worker, "the worker must not be replaced for one transport error")
+    check(commitVersion(healthy, 1, Map("other" -> 2)) == 2, "another store still commits")
+    check(commitVersion(severed, 0, Map("a" -> 1)) == 1, "the retry of the severed store commits")
+    check(contents(severed.getStore(1)) == Map(("a", 0) -> 1), "the retried version")
+    severed.close(); healthy.close()
   }
 
   scenario("a_worker_of_another_release_is_refused") {

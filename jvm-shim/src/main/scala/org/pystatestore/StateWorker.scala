@@ -4,6 +4,7 @@ import java.io.{File, RandomAccessFile}
 import java.net.InetAddress
 import java.nio.charset.StandardCharsets
 import java.nio.file.Files
+import java.nio.file.attribute.PosixFilePermissions
 import java.security.SecureRandom
 import java.util.concurrent.{CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit, TimeoutException}
 import java.util.concurrent.atomic.AtomicInteger
@@ -164,7 +165,10 @@ object StateWorker extends Logging {
         anyDiedAbnormally ||= current.diedAbnormally
       }
       // Logs of a worker that died are kept for diagnosis; otherwise nothing of ours stays behind.
-      if (!anyDiedAbnormally && chosenRoot != null) deleteRecursively(chosenRoot)
+      if (chosenRoot != null) {
+        if (!anyDiedAbnormally) deleteRecursively(chosenRoot)
+        else Option(chosenRoot.listFiles()).foreach(_.filterNot(_.getName.endsWith(".log")).foreach(deleteRecursively))
+      }
     }
   }
 
@@ -176,6 +180,10 @@ object StateWorker extends Logging {
         anyDiedAbnormally ||= current.diedAbnormally
         logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
         current.shutdown()
+        // Its local databases are nobody's now (one worker per JVM; views are the JVM's and live
+        // elsewhere): only its log is worth keeping.
+        Option(localStateDir.listFiles()).foreach(_.foreach(deleteRecursively))
+        deleteRecursively(current.exchangeDir)
       }
       current = start(spec)
     }
@@ -254,7 +262,8 @@ object StateWorker extends Logging {
       case err =>
         throw new StateWorkerException(
           (err \ "type").extractOrElse[String]("Error"),
-          (err \ "message").extractOrElse[String](s"unknown error during $what"))
+          (err \ "message").extractOrElse[String](s"unknown error during $what") +
+            s" [${worker.describe}; its log is at ${worker.logFile}]")
     }
   }
 
@@ -303,7 +312,12 @@ object StateWorker extends Logging {
       chosenRoot = new File(base, s"pystatestore-${ProcessHandle.current().pid()}")
       sweepLeftovers(base)
     }
-    chosenRoot.mkdirs()
+    if (!chosenRoot.isDirectory) {
+      chosenRoot.mkdirs()
+      // Owner-only: views, local databases and exchange files hold the state's rows.
+      try Files.setPosixFilePermissions(chosenRoot.toPath, PosixFilePermissions.fromString("rwx------"))
+      catch { case NonFatal(e) => logDebug(s"Could not make $chosenRoot owner-only: $e") }
+    }
     chosenRoot
   }
 
@@ -352,8 +366,10 @@ object StateWorker extends Logging {
         .authToken(token)
         // minConnectionTime 0: no idle-connection cleaner, whose non-daemon thread would keep a
         // driver JVM alive after main() returns. copyWith (on register) keeps this setting.
+        // readTimeout: a call stuck in the worker past callTimeoutMs (which already failed its
+        // task) gives back its thread and connection soon after, instead of holding them forever.
         .callbackClient(new CallbackClient(0, InetAddress.getLoopbackAddress, token, 0L,
-          TimeUnit.SECONDS, SocketFactory.getDefault, true, 0))
+          TimeUnit.SECONDS, SocketFactory.getDefault, true, readTimeoutMs(spec)))
         .build()
       registration.server = s
       s.start(true)
@@ -435,6 +451,9 @@ object StateWorker extends Logging {
         null)
     }
   }
+
+  private def readTimeoutMs(spec: WorkerLaunchSpec): Int =
+    math.min(Int.MaxValue.toLong, spec.callTimeoutMs + 2 * spec.probeIntervalMs).toInt
 
   private def tail(file: File, maxBytes: Int = 4000): String = try {
     val raf = new RandomAccessFile(file, "r")
