@@ -161,7 +161,7 @@ def child(args: argparse.Namespace) -> None:
     )
     if args.driver_java_options:
         builder = builder.config("spark.driver.extraJavaOptions", args.driver_java_options)
-    for k, v in extra.items():
+    for k, v in {**extra, **dict(c.split("=", 1) for c in args.conf)}.items():
         builder = builder.config(k, v)
     spark = pystatestore.configure_spark(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -204,6 +204,11 @@ def child(args: argparse.Namespace) -> None:
     except Exception as e:  # noqa: BLE001 - a provider that fails is a result, reported as such
         result["error"] = str(e)[:500]
     result["batch_ms"] = [p["durationMs"]["triggerExecution"] for p in progress]
+    # Where each batch's state time went (Spark's own split, and ours from our custom metrics).
+    result["state_ops"] = [
+        {k: v for k, v in p["stateOperators"][0].items() if k.endswith("TimeMs") or k == "customMetrics"}
+        for p in progress
+    ]
     result["keys"] = progress[-1]["stateOperators"][0]["numRowsTotal"] if progress else 0
     if "error" not in result:
         try:
@@ -246,6 +251,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         "--partitions",
         str(args.partitions),
         f"--driver-java-options={args.driver_java_options}",
+        *[f"--conf={c}" for c in args.conf],
     ]
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -366,6 +372,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--repeat", type=int, default=1, help="runs per provider; medians are reported")
     ap.add_argument("--driver-java-options", default="", help="extra JVM options of the driver (diagnostics)")
+    ap.add_argument("--conf", action="append", default=[], help="extra Spark conf KEY=VALUE for every provider")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON (for tests)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
