@@ -13,6 +13,7 @@ import rocksdict
 
 from pystatestore import frames
 from pystatestore.backends import BACKENDS, CommitResult, StateBackend, StoreContext
+from pystatestore.manifest import Manifest
 from pystatestore.remote import RemoteStore
 
 
@@ -36,10 +37,15 @@ def make_backend(
     retain: int = 100,
     grace: float = 600.0,
     options: dict[str, str] | None = None,
+    mode: str | None = None,
+    min_deltas: int = 10,
 ) -> StateBackend:
     """A backend as a worker would open it. Local recovery copies go under `local_dir` unless the
-    options say otherwise, so tests never share them by accident."""
+    options say otherwise, so tests never share them by accident. `mode`: the rocksdb backend's
+    commitMode (its default when None)."""
     opts = {"localRecoveryDir": str(Path(local_dir) / "recovery"), **(options or {})}
+    if mode is not None:
+        opts["commitMode"] = mode
     ctx = StoreContext(
         store_dir=f"file:{store_dir}",
         operator_id=0,
@@ -53,9 +59,31 @@ def make_backend(
         options=opts,
         views_dir=str(Path(local_dir) / "views"),
         host_dir=str(local_dir),
+        min_deltas_for_snapshot=min_deltas,
     )
     Path(ctx.views_dir).mkdir(parents=True, exist_ok=True)
     return BACKENDS[name](ctx, RemoteStore(ctx.store_dir))
+
+
+def open_store(store: Path, local_dir: Path, retain: int = 100) -> StateBackend:
+    """The rocksdb backend of a store a Spark query wrote, opened as its worker would open it (its
+    identity read from one of its manifests), to inspect it without changing anything."""
+    some = next(iter(sorted((store / "manifests").glob("*.json"))))
+    m = Manifest.from_json(some.read_bytes(), store=str(store), version=int(some.stem), file=some.name)
+    ctx = StoreContext(
+        store_dir=str(m.store["dir"]),
+        operator_id=int(m.store["operatorId"]),
+        partition_id=int(m.store["partitionId"]),
+        store_name=str(m.store["storeName"]),
+        key_schema=m.key_schema,
+        value_schema=m.value_schema,
+        min_versions_to_retain=retain,
+        orphan_grace_seconds=600.0,
+        local_dir=str(local_dir),
+        options={"localRecovery": "false"},
+        key_encoding=m.key_encoding,
+    )
+    return BACKENDS["rocksdb"](ctx, RemoteStore(ctx.store_dir))
 
 
 def read_view(view_dir: str | Path) -> dict[bytes, bytes]:
@@ -127,3 +155,7 @@ def commit(
         return backend.commit(base_version, table, attempt_id, base_manifest_id, num_keys=num_keys, view_dir=str(view))
     finally:
         shutil.rmtree(view, ignore_errors=True)
+
+
+# The rocksdb backend's commit modes: tests of behaviour that does not depend on the mode run in both.
+MODES = ("changelog", "snapshot")

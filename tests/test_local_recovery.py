@@ -13,16 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from backend_support import changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, make_backend, state_of
 from local_recovery_support import damage_one_sst_in_place
 from pystatestore.local_recovery import MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
 
 
-def commit_versions(store_dir: Path, local: Path, recovery: Path, n: int = 3, keep: int = 2) -> dict[bytes, bytes]:
+def commit_versions(
+    store_dir: Path, local: Path, recovery: Path, n: int = 3, keep: int = 2, mode: str | None = None
+) -> dict[bytes, bytes]:
     b = make_backend(
-        "rocksdb", store_dir, local, options={"localRecoveryDir": str(recovery), "localRecoveryVersions": str(keep)}
+        "rocksdb",
+        store_dir,
+        local,
+        options={"localRecoveryDir": str(recovery), "localRecoveryVersions": str(keep)},
+        mode=mode,
     )
     state = dict(BIG)
     commit(b, 0, changes(BIG), "t1")
@@ -40,8 +46,9 @@ def restore(store_dir: Path, local: Path, recovery: Path, version: int):  # noqa
     return b, result
 
 
-def test_restore_from_intact_local_copy_downloads_nothing(tmp_path: Path) -> None:
-    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec")
+@pytest.mark.parametrize("mode", MODES)
+def test_restore_from_intact_local_copy_downloads_nothing(tmp_path: Path, mode: str) -> None:
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode=mode)
     b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
     assert result.metrics["restoreRemoteFiles"] == 0 and result.metrics["restoreRemoteBytes"] == 0
     assert result.metrics["restoreLocalFiles"] > 0 and result.source == "local-copy"
@@ -49,7 +56,8 @@ def test_restore_from_intact_local_copy_downloads_nothing(tmp_path: Path) -> Non
 
 
 def test_damaged_sst_in_local_copy_is_fetched_alone_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec")
+    """A snapshot version's copy is checked file by file against its manifest."""
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode="snapshot")
     sst = damage_one_sst_in_place(tmp_path / "rec")
     with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
         b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
@@ -59,14 +67,34 @@ def test_damaged_sst_in_local_copy_is_fetched_alone_and_named(tmp_path: Path, ca
     assert state_of(b, 3) == expected
 
 
-def test_unwritable_recovery_dir_never_fails_a_commit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_copy_of_a_changelog_version_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A changelog version's manifest lists no files: its copy is checked as a whole against the
+    sizes and checksums its marker recorded, and a damaged one is passed over (the SST is shared
+    by every copy through hard links, so here the state comes from the checkpoint's changes)."""
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode="changelog")
+    sst = damage_one_sst_in_place(tmp_path / "rec")
+    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
+    assert result.metrics["restoreLocalFiles"] == 0 and result.metrics["restoreChangelogVersions"] == 3
+    assert any(sst.name in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records), caplog.text
+    assert state_of(b, 3) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unwritable_recovery_dir_never_fails_a_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: str
+) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the recovery dir should be")
     with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
-        expected = commit_versions(tmp_path / "store", tmp_path / "w1", blocker / "rec")
+        expected = commit_versions(tmp_path / "store", tmp_path / "w1", blocker / "rec", mode=mode)
     assert sum("local recovery copies disabled" in r.getMessage() for r in caplog.records) == 1  # warned once
     b, result = restore(tmp_path / "store", tmp_path / "w2", blocker / "rec", 3)
-    assert result.metrics["restoreLocalFiles"] == 0 and result.metrics["restoreRemoteFiles"] > 0
+    assert result.metrics["restoreLocalFiles"] == 0
+    if mode == "snapshot":
+        assert result.metrics["restoreRemoteFiles"] > 0
+    else:  # the changes of versions 1 to 3, from inside their manifests
+        assert result.metrics["restoreChangelogVersions"] == 3
     assert state_of(b, 3) == expected
 
 
@@ -76,12 +104,13 @@ def test_only_the_newest_copies_are_kept(tmp_path: Path) -> None:
     assert copies == [5, 6]
 
 
-def test_copies_of_a_superseded_attempt_are_dropped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_of_a_superseded_attempt_are_dropped(tmp_path: Path, mode: str) -> None:
     store, rec = tmp_path / "store", tmp_path / "rec"
-    a = make_backend("rocksdb", store, tmp_path / "a", options={"localRecoveryDir": str(rec)})
+    a = make_backend("rocksdb", store, tmp_path / "a", options={"localRecoveryDir": str(rec)}, mode=mode)
     commit(a, 0, changes({b"x": b"1"}), "t1")
     commit(a, 1, changes({b"x": b"from-a"}), "attempt-a")
-    b = make_backend("rocksdb", store, tmp_path / "b", options={"localRecoveryDir": str(rec)})
+    b = make_backend("rocksdb", store, tmp_path / "b", options={"localRecoveryDir": str(rec)}, mode=mode)
     commit(b, 1, changes({b"x": b"from-b"}), "attempt-b")  # b's manifest for version 2 wins
     winner = json.loads((store / "manifests" / "2.json").read_text())["manifest_id"]
     c, _ = restore(store, tmp_path / "c", rec, 2)

@@ -1,16 +1,18 @@
-"""Model-based test of the rocksdb backend and its garbage collection (DESIGN §7).
+"""Model-based test of the rocksdb backend and its garbage collection (DESIGN §7), in both commit modes.
 
 Random histories against a dict model: puts and removes (one key or many), commits, aborts, reloads
 of an older version, maintenance, a simulated worker death at any step of a commit (mid-upload,
-mid-restore, mid-local-save included) or of garbage collection, a retry by the same instance after a
-failed commit, and a second instance (another executor) that, in the middle of a commit, commits a
-competing attempt at the same version or runs garbage collection, possibly far enough in the future
-that the first commit's files look abandoned. The L0 compaction trigger is 2, so compactions (which
-rewrite SSTs and make later versions stop sharing them) happen all the time.
+mid-restore, mid-replay, mid-local-save included) or of garbage collection, a retry by the same
+instance after a failed commit, and a second instance (another executor) that, in the middle of a
+commit, commits a competing attempt at the same version or runs garbage collection, possibly far
+enough in the future that the first commit's files look abandoned. The L0 compaction trigger is 2,
+so compactions (which rewrite SSTs and make later versions stop sharing them) happen all the time.
+In changelog mode maintenance makes a snapshot every 2 changelog versions, and a worker may die at
+any step of making one; restores walk chains of changelog versions back to a snapshot.
 
 After every step: every retained version reloads to exactly the model's content from a cold worker,
-and no file a retained manifest references is missing; after maintenance past the grace period, no
-unreferenced file remains.
+and no file a retained version needs (its chain included) is missing; after maintenance past the
+grace period, no file remains that no retained version needs.
 
 The CI run uses the "ci" profile; `scripts/model_check.sh` runs 10,000 histories.
 """
@@ -30,10 +32,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from backend_support import changes, commit, make_backend, state_of
 from pystatestore.backends import StateBackend
+from pystatestore.errors import CheckpointDamagedError
 from pystatestore.leases import LeaseLostError
+from pystatestore.manifest import snapshot_of
+from pystatestore.remote import RemoteFile
 
 settings.register_profile(
-    "ci", max_examples=250, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    "ci", max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.register_profile(
     "thorough", max_examples=10_000, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
@@ -45,6 +50,7 @@ PROFILE = os.environ.get("PYSTATESTORE_MODEL_PROFILE", "ci")
 
 RETAIN = 2
 GRACE = 60.0
+MIN_DELTAS = 2  # changelog mode: maintenance makes a snapshot every 2 changelog versions
 KEYS = [f"k{i:02d}".encode() for i in range(40)]
 # Named points of a commit, in order. Restore points are reached only when the instance's local DB
 # is not the base version (after a restart, a crash or another attempt's manifest).
@@ -54,12 +60,14 @@ COMMIT_POINTS = [
     "commit:applied",
     "commit:flushed",
     "commit:checkpointed",
+    "restore:replayed",
     "upload:file",
     "commit:uploaded",
     "commit:manifest-written",
     "local-save:moved",
 ]
 DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from here on keeps the version
+MATERIALIZE_POINTS = ["upload:file", "materialize:uploaded", "materialize:published"]
 
 
 MODEL_OPTIONS = {"rocksdb.l0CompactionTrigger": "2", "transferThreads": "2"}
@@ -71,7 +79,7 @@ def compacted_at(store_dir: Path, version: int) -> bool:
         docs = [json.loads((store_dir / "manifests" / f"{v}.json").read_text()) for v in (version - 1, version)]
     except FileNotFoundError:
         return False
-    before, after = ({ref["path"] for ref in d["shared"].values()} for d in docs)
+    before, after = ({ref.get("path") for ref in d.get("shared", {}).values()} - {None} for d in docs)
     return bool(before - after)
 
 
@@ -101,7 +109,21 @@ def crash_at(point: str, after: int = 0):  # noqa: ANN201
     return hook
 
 
+def run_maintenance(backend: StateBackend) -> dict:
+    """What the service's maintenance call does: a snapshot if one is due (prepared under the store's
+    lock, uploaded without it), then garbage collection."""
+    job = backend.prepare_materialization()
+    if job is not None:
+        try:
+            backend.finish_materialization(job)
+        finally:
+            backend.complete_materialization(job)
+    return {**backend.maintenance(), "snapshotMade": job is not None}
+
+
 class BackendModel(RuleBasedStateMachine):
+    MODE = "snapshot"
+
     @initialize()
     def setup(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pss-model-"))
@@ -111,6 +133,7 @@ class BackendModel(RuleBasedStateMachine):
         self.backend = self.new_backend()
         self.other = self.new_backend()  # another executor's instance of the same store
         self.committed: dict[int, dict[bytes, bytes]] = {0: {}}  # versions that must reload exactly
+        self.stale: dict[int, dict[bytes, bytes]] = {}  # changelog versions whose parent was replaced
         self.base = 0
         self.pending: dict[bytes, bytes | None] = {}
 
@@ -126,7 +149,16 @@ class BackendModel(RuleBasedStateMachine):
         # Writers share this host's local recovery copies across restarts, as workers on one host do.
         options = dict(MODEL_OPTIONS)
         options |= {"localRecoveryDir": str(self.root / "recovery")} if local_copies else {"localRecovery": "false"}
-        b = make_backend("rocksdb", self.store_dir, local, retain=RETAIN, grace=GRACE, options=options)
+        b = make_backend(
+            "rocksdb",
+            self.store_dir,
+            local,
+            retain=RETAIN,
+            grace=GRACE,
+            options=options,
+            mode=self.MODE,
+            min_deltas=MIN_DELTAS,
+        )
         b.clock = self.clock.now
         return b
 
@@ -150,7 +182,7 @@ class BackendModel(RuleBasedStateMachine):
 
     def record_commit(self, state: dict[bytes, bytes]) -> None:
         self.base += 1
-        self.committed[self.base] = state
+        self.set_committed(self.base, state)
         event(f"compacted: {compacted_at(self.store_dir, self.base)}")  # statistics (--hypothesis-show-statistics)
         self.pending = {}
 
@@ -191,7 +223,7 @@ class BackendModel(RuleBasedStateMachine):
         except SimulatedCrashError:
             durable = COMMIT_POINTS.index(point) >= DURABLE_FROM
             if durable:  # durable, though the task never heard back
-                self.committed[self.base + 1] = expected
+                self.set_committed(self.base + 1, expected)
             return durable
         finally:
             self.backend.fault_hook = None
@@ -240,11 +272,11 @@ class BackendModel(RuleBasedStateMachine):
                 return
             acted.append(name)
             if action == "gc-now":
-                self.other.maintenance()
+                run_maintenance(self.other)
             elif action == "gc-past-grace":
                 self.let_time_pass(GRACE + 1)
                 self.clock.offset += GRACE + 1  # the commit in flight sees the time pass, too
-                self.other.maintenance()
+                run_maintenance(self.other)
             else:
                 commit(self.other, self.base, self.frame(other_pending), "competing-attempt", num_keys=len(theirs))
 
@@ -281,7 +313,8 @@ class BackendModel(RuleBasedStateMachine):
     def maintenance(self, past_grace: bool) -> None:
         if past_grace:
             self.let_time_pass(GRACE + 1)
-        report = self.backend.maintenance()
+        report = run_maintenance(self.backend)
+        event(f"maintenance made a snapshot: {report['snapshotMade']}")  # statistics
         self.forget_below(report["lowestRetained"])
         if past_grace:
             self.assert_no_unreferenced_files()
@@ -292,13 +325,38 @@ class BackendModel(RuleBasedStateMachine):
         self.backend.fault_hook = crash_at("gc:deleted", after=deletions)
         self.let_time_pass(GRACE + 1)
         try:
-            self.backend.maintenance()
+            run_maintenance(self.backend)
         except SimulatedCrashError:
             pass
         self.forget_below(lowest)
         self.restart_worker()
 
+    @precondition(lambda self: self.MODE == "changelog")
+    @rule(point=st.sampled_from(MATERIALIZE_POINTS))
+    def crash_while_making_a_snapshot(self, point: str) -> None:
+        """The worker dies while maintenance makes a snapshot: before, during or after its upload."""
+        self.backend.fault_hook = crash_at(point)
+        try:
+            job = self.backend.prepare_materialization()
+            if job is not None:
+                self.backend.finish_materialization(job)
+        except SimulatedCrashError:
+            pass
+        finally:
+            self.backend.fault_hook = None
+        self.restart_worker()
+
     # -- model bookkeeping ----------------------------------------------------------------
+    def set_committed(self, version: int, state: dict[bytes, bytes]) -> None:
+        """`version` now holds `state`. In changelog mode the versions after it were committed on
+        the attempt it replaced: they can no longer load (Spark commits them again, in order, before
+        it reads them), and must say so rather than load something else."""
+        self.committed[version] = state
+        self.stale.pop(version, None)
+        if self.MODE == "changelog":
+            for v in [v for v in self.committed if v > version]:
+                self.stale[v] = self.committed.pop(v)
+
     def lowest_retained(self) -> int | None:
         versions = self.manifest_versions()
         return max(versions) - RETAIN if versions else None
@@ -308,6 +366,8 @@ class BackendModel(RuleBasedStateMachine):
             return
         for v in [v for v in self.committed if v < lowest and v != 0]:
             del self.committed[v]
+        for v in [v for v in self.stale if v < lowest]:
+            del self.stale[v]
 
     def manifest_versions(self) -> list[int]:
         d = self.store_dir / "manifests"
@@ -324,18 +384,33 @@ class BackendModel(RuleBasedStateMachine):
     def data_files(self) -> set[str]:
         return {
             str(p.relative_to(self.store_dir))
-            for d in ("shared", "private", "leases")
+            for d in ("shared", "private", "changelog", "snapshots", "leases")
             for p in (self.store_dir / d).rglob("*")
             if p.is_file()
         }
 
+    def needed_by_retained_versions(self) -> set[str]:
+        """Every file the retained versions need, chains included, as garbage collection sees it."""
+        snapshots = {}
+        for p in (self.store_dir / "snapshots").glob("*.json"):
+            key = snapshot_of(p.name)
+            if key is not None:
+                snapshots[key] = RemoteFile(f"snapshots/{p.name}", p.stat().st_size, p.stat().st_mtime)
+        reader = self.new_backend(local_copies=False)
+        try:
+            needed: set[str] = set()
+            for v in self.retained_manifests():
+                if v in self.stale:
+                    continue  # its needs are unknown: GC keeps every data file while it is retained
+                needed |= reader.dependencies(reader.read_manifest(v), snapshots=snapshots, now=time.time())
+            return needed
+        finally:
+            reader.close()
+
     def assert_no_unreferenced_files(self) -> None:
-        referenced = {
-            ref["path"]
-            for m in self.retained_manifests().values()
-            for kind in ("shared", "private")
-            for ref in m[kind].values()
-        }
+        if any(v in self.stale for v in self.retained_manifests()):
+            return  # GC deletes no data file while a retained version's needs are unknown
+        referenced = {p for p in self.needed_by_retained_versions() if not p.startswith("manifests/")}
         assert self.data_files() == referenced
         empty_dirs = [p for p in (self.store_dir / "private").glob("*") if p.is_dir() and not any(p.iterdir())]
         assert not empty_dirs, empty_dirs
@@ -345,11 +420,9 @@ class BackendModel(RuleBasedStateMachine):
     def retained_manifests_reference_only_existing_files(self) -> None:
         if not hasattr(self, "store_dir"):
             return
-        files = self.data_files()
-        for v, m in self.retained_manifests().items():
-            for kind in ("shared", "private"):
-                for ref in m[kind].values():
-                    assert ref["path"] in files, f"version {v} lost {ref['path']}"
+        present = {str(p.relative_to(self.store_dir)) for p in self.store_dir.rglob("*") if p.is_file()}
+        lost = self.needed_by_retained_versions() - present
+        assert not lost, f"retained versions lost {sorted(lost)}"
 
     @invariant()
     def every_retained_version_reloads_exactly(self) -> None:
@@ -362,12 +435,26 @@ class BackendModel(RuleBasedStateMachine):
                 if v == 0 or lowest is None or v < lowest:
                     continue
                 assert state_of(reader, v) == expected, f"version {v}"
+            for v in self.stale:
+                if lowest is not None and v >= lowest:
+                    # A snapshot made before the replacement still holds what it did; without one
+                    # the chain is broken, and the load must say so.
+                    try:
+                        assert state_of(reader, v) == self.stale[v], f"stale version {v}"
+                    except CheckpointDamagedError as e:
+                        assert "holds changes to attempt" in str(e), e
         finally:
             reader.close()
 
 
+class ChangelogModel(BackendModel):
+    MODE = "changelog"
+
+
 BackendModel.TestCase.settings = settings.get_profile(PROFILE)
-TestBackendModel = BackendModel.TestCase
+ChangelogModel.TestCase.settings = settings.get_profile(PROFILE)
+TestSnapshotModel = BackendModel.TestCase
+TestChangelogModel = ChangelogModel.TestCase
 
 
 def test_the_model_configuration_compacts(tmp_path: Path) -> None:
@@ -377,7 +464,9 @@ def test_the_model_configuration_compacts(tmp_path: Path) -> None:
 
     rnd = random.Random(3)
     store = tmp_path / "store"
-    b = make_backend("rocksdb", store, tmp_path / "local", retain=RETAIN, grace=GRACE, options=MODEL_OPTIONS)
+    b = make_backend(
+        "rocksdb", store, tmp_path / "local", retain=RETAIN, grace=GRACE, options=MODEL_OPTIONS, mode="snapshot"
+    )
     state: dict[bytes, bytes] = {}
     for v in range(1, 7):
         puts = {k: rnd.randbytes(20) for k in rnd.sample(KEYS, 10)}

@@ -4,6 +4,7 @@ directory removal, bounded waits in the service, and nothing left behind by fail
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import posixpath
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from backend_support import changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, make_backend, state_of
 from pystatestore import frames
 from pystatestore.backends import StateBackend
 from pystatestore.errors import (
@@ -56,7 +57,8 @@ def tree(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("bad", ["../../../escaped", "/tmp/escaped-abs", "sub/escaped", "..", ".hidden", "a\\b"])
 def test_a_tampered_file_name_is_refused_before_anything_is_written(tmp_path: Path, backend: str, bad: str) -> None:
     store = tmp_path / "ckpt" / "state" / "0" / "1"
-    commit(make_backend(backend, store, tmp_path / "w1"), 0, changes({b"k": b"v" * 100}), "t")
+    # A snapshot manifest lists files by name (changelog manifests name none).
+    commit(make_backend(backend, store, tmp_path / "w1", mode="snapshot"), 0, changes({b"k": b"v" * 100}), "t")
 
     def rename_first(doc: dict) -> None:
         name, ref = next(iter(doc["private"].items()))
@@ -104,7 +106,7 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> No
 
 def test_a_restore_never_reads_through_a_symbolic_link_out_of_the_store(tmp_path: Path) -> None:
     store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
-    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"1"}), "t")
+    commit(make_backend("rocksdb", store, tmp_path / "w", mode="snapshot"), 0, changes({b"k": b"1"}), "t")
     elsewhere.mkdir()
     (store / "shared").rename(elsewhere / "shared")  # the same files, but reached through a link
     os.symlink(elsewhere / "shared", store / "shared")
@@ -123,6 +125,60 @@ def test_a_commit_never_writes_through_a_symbolic_link_out_of_the_store(tmp_path
     with pytest.raises(InvalidPathError, match="resolves outside the store"):
         commit(b, 1, changes({b"k": b"2"}), "t2")
     assert sorted(p.name for p in (elsewhere / "manifests").iterdir()) == before
+
+
+# -- changelog manifests: their changes and their chain are checked like files ------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("../../x.changes", InvalidPathError),
+        ("/tmp/x.changes", InvalidPathError),
+        ("shared/x.sst", CheckpointDamagedError),
+    ],
+)
+def test_a_tampered_changes_path_is_refused(tmp_path: Path, bad: str, error: type) -> None:
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "w", options={"inlineThresholdBytes": "0"})  # changes in a file
+    commit(b, 0, changes({b"k": b"v"}), "t")
+    edit_manifest(store, 1, lambda doc: doc["changes"].__setitem__("path", bad))
+    with pytest.raises(error) as e:
+        make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"}).load(1)
+    assert "version: 1" in str(e.value) and "manifests/1.json" in str(e.value)
+
+
+def test_damaged_inline_changes_are_named(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"v"}), "t")
+    edit_manifest(store, 1, lambda doc: doc["changes"].__setitem__("data", base64.b64encode(b"other").decode()))
+    with pytest.raises(CheckpointDamagedError, match="does not match its size and checksum") as e:
+        make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"}).load(1)
+    assert "manifests/1.json" in str(e.value)
+
+
+def test_a_chain_on_a_replaced_parent_is_refused(tmp_path: Path) -> None:
+    """Version 2's changes apply to one attempt at version 1; if the checkpoint holds another,
+    replaying them would give a state no commit ever had."""
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "w")
+    commit(b, 0, changes({b"k": b"1"}), "t1")
+    commit(b, 1, changes({b"k": b"2"}), "t2")
+    edit_manifest(store, 2, lambda doc: doc.__setitem__("parent_manifest_id", "0" * 32))
+    with pytest.raises(CheckpointDamagedError, match="holds changes to attempt 0{32} of version 1") as e:
+        make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"}).load(2)
+    assert "version: 2" in str(e.value) and "manifests/1.json" in str(e.value)
+
+
+def test_a_chain_missing_a_manifest_names_it(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "w")
+    for v in range(1, 4):
+        commit(b, v - 1, changes({b"k": str(v).encode()}), f"t{v}")
+    manifest_file(store, 2).unlink()
+    with pytest.raises(CheckpointMissingError) as e:
+        make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"}).load(3)
+    assert "manifests/2.json" in str(e.value)
 
 
 # -- defect 2: a manifest must belong to this backend and this store ---------------------------------
@@ -166,7 +222,7 @@ def test_a_foreign_providers_checkpoint_is_named(tmp_path: Path) -> None:
 
 def test_a_restored_db_never_opens_empty_when_the_manifest_has_keys(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"v"}), "t")
+    commit(make_backend("rocksdb", store, tmp_path / "w", mode="snapshot"), 0, changes({b"k": b"v"}), "t")
 
     def drop_rocksdb_metadata(doc: dict) -> None:
         for name in [n for n in doc["private"] if n == "CURRENT" or n.startswith("MANIFEST-")]:
@@ -179,9 +235,10 @@ def test_a_restored_db_never_opens_empty_when_the_manifest_has_keys(tmp_path: Pa
     assert not list(fresh.work_dir.glob("db-1-*")), "a failed restore left its directory behind"
 
 
-def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Path, mode: str) -> None:
     store = tmp_path / "store"
-    b = make_backend("rocksdb", store, tmp_path / "w")
+    b = make_backend("rocksdb", store, tmp_path / "w", mode=mode)
     commit(b, 0, changes({b"k": b"v"}), "t1")
     commit(b, 1, changes(deletes=[b"k"]), "t2")  # version 2 is a real, empty database
     edit_manifest(store, 2, lambda doc: doc.__setitem__("num_keys", 5))
@@ -190,11 +247,13 @@ def test_a_manifest_claiming_keys_over_an_empty_database_is_refused(tmp_path: Pa
         fresh.load(2)
 
 
-def test_a_failed_restore_leaves_no_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_restore_leaves_no_directory(tmp_path: Path, mode: str) -> None:
     store = tmp_path / "store"
-    commit(make_backend("rocksdb", store, tmp_path / "w"), 0, changes({b"k": b"v" * 5000}), "t")
-    sst = next((store / "shared").iterdir())
-    sst.write_bytes(sst.read_bytes()[:-1] + bytes([sst.read_bytes()[-1] ^ 1]))
+    b = make_backend("rocksdb", store, tmp_path / "w", mode=mode, options={"inlineThresholdBytes": "0"})
+    commit(b, 0, changes({b"k": b"v" * 5000}), "t")
+    damaged = next((store / ("shared" if mode == "snapshot" else "changelog")).iterdir())  # the SST, or the changes
+    damaged.write_bytes(damaged.read_bytes()[:-1] + bytes([damaged.read_bytes()[-1] ^ 1]))
     fresh = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecovery": "false"})
     with pytest.raises(CheckpointDamagedError):
         fresh.load(1)

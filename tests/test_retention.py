@@ -54,12 +54,30 @@ def test_orphans_wait_for_the_grace_period() -> None:
     assert "private/1/M" not in plan.delete_files
 
 
-def test_unreadable_retained_manifest_blocks_data_deletion() -> None:
+def test_unreadable_retained_manifest_blocks_data_and_manifest_deletion() -> None:
+    """What an unreadable retained version needs is unknown: its data files, and (a changelog
+    version) the manifests of its chain, however old."""
     versions: dict[int, list[str] | None] = {1: ["private/1/M"], 2: None, 3: ["private/3/M"]}
     listing = listing_for({1: ["private/1/M"], 2: [], 3: ["private/3/M"]}, [("private/9/orphan", 0.0)])
     plan = plan_retention(listing, versions, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE)
     assert plan.delete_files == ()
+    assert plan.delete_manifests == ()
+
+
+def test_a_retained_chain_keeps_its_old_manifests_and_changes() -> None:
+    """Version 4 is a changelog on 3 on 2 (a snapshot): with retention 0, manifests 2 and 3 and
+    their files stay because 4 needs them; version 1 goes."""
+    needs_4 = ["manifests/2.json", "shared/2.sst", "manifests/3.json", "changelog/3-a.changes", "changelog/4-b.changes"]
+    versions: dict[int, list[str] | None] = {
+        1: ["shared/1.sst"],
+        2: ["shared/2.sst"],
+        3: ["changelog/3-a.changes"],
+        4: needs_4,
+    }
+    files = {1: ["shared/1.sst"], 2: ["shared/2.sst"], 3: ["changelog/3-a.changes"], 4: ["changelog/4-b.changes"]}
+    plan = plan_retention(listing_for(files), versions, min_versions_to_retain=0, now=NOW, orphan_grace_seconds=GRACE)
     assert plan.delete_manifests == ("manifests/1.json",)
+    assert plan.delete_files == ("shared/1.sst",)
 
 
 def test_without_manifests_only_old_orphans_go() -> None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from backend_support import changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, make_backend, state_of
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
+from pystatestore.manifest import snapshot_of
+from pystatestore.remote import RemoteFile
 
 
 @pytest.fixture
@@ -22,8 +25,8 @@ def manifest(store_dir: Path, version: int) -> dict:
     return json.loads((store_dir / "manifests" / f"{version}.json").read_text())
 
 
-def test_commits_are_incremental(store_dir: Path, tmp_path: Path) -> None:
-    b = make_backend("rocksdb", store_dir, tmp_path)
+def test_snapshot_commits_are_incremental(store_dir: Path, tmp_path: Path) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path, mode="snapshot")
     rnd = random.Random(1)  # incompressible values: the first version's SSTs are large
     first = commit(b, 0, changes({f"k{i}".encode(): rnd.randbytes(100) for i in range(5000)}), "t1")
     second = commit(b, 1, changes({b"k1": b"changed"}), "t2")
@@ -31,12 +34,45 @@ def test_commits_are_incremental(store_dir: Path, tmp_path: Path) -> None:
     assert m1["shared"] and all(ref in m2["shared"].values() for ref in m1["shared"].values())
     assert second.metrics["filesReused"] >= len(m1["shared"])
     assert second.metrics["bytesUploaded"] < first.metrics["bytesUploaded"] / 5
-    assert all(p.startswith("private/2-") for p in (r["path"] for r in m2["private"].values()))
-    assert {"CURRENT", "OPTIONS"} & {n.split("-")[0] for n in m2["private"]}
+    # RocksDB's small files are inside the manifest; OPTIONS, the same every version, is stored once
+    assert m2["private"] and all("data" in r for r in m2["private"].values())
+    assert {"CURRENT", "MANIFEST"} <= {n.split("-")[0] for n in m2["private"]}
+    options = [r["path"] for n, r in m2["shared"].items() if n.startswith("OPTIONS")]
+    assert options and options == [r["path"] for n, r in m1["shared"].items() if n.startswith("OPTIONS")]
+    # so the second commit uploaded its new SSTs and nothing else
+    new = [r for r in m2["shared"].values() if r not in m1["shared"].values()]
+    assert second.metrics["filesUploaded"] == len(new) and all(r["path"].endswith(".sst") for r in new)
 
 
-def test_reload_any_version_in_a_fresh_backend(store_dir: Path, tmp_path: Path) -> None:
+def test_a_small_changelog_commit_writes_one_small_manifest(store_dir: Path, tmp_path: Path) -> None:
     b = make_backend("rocksdb", store_dir, tmp_path)
+    commit(b, 0, changes({f"k{i}".encode(): b"v" for i in range(1000)}), "t1")
+    before = {p for p in store_dir.rglob("*") if p.is_file()}
+    result = commit(b, 1, changes({b"k1": b"changed", b"new": b"1"}, [b"k2"]), "t2")
+    written = {p for p in store_dir.rglob("*") if p.is_file()} - before
+    assert [p.relative_to(store_dir).as_posix() for p in written] == ["manifests/2.json"]
+    doc = manifest(store_dir, 2)
+    assert doc["kind"] == "changelog" and doc["changes"]["rows"] == 3 and "data" in doc["changes"]
+    assert doc["parent_manifest_id"] == manifest(store_dir, 1)["manifest_id"]
+    assert result.bytes_written == (store_dir / "manifests" / "2.json").stat().st_size < 1024
+    assert state_of(make_backend("rocksdb", store_dir, tmp_path / "cold"), 2) == (
+        {f"k{i}".encode(): b"v" for i in range(1000) if i != 2} | {b"k1": b"changed", b"new": b"1"}
+    )
+
+
+def test_large_changes_go_to_a_changelog_file(store_dir: Path, tmp_path: Path) -> None:
+    rnd = random.Random(2)
+    b = make_backend("rocksdb", store_dir, tmp_path)
+    commit(b, 0, changes({f"k{i}".encode(): rnd.randbytes(100) for i in range(2000)}), "t1")
+    doc = manifest(store_dir, 1)
+    assert doc["changes"]["path"].startswith("changelog/1-") and (store_dir / doc["changes"]["path"]).is_file()
+    assert not (store_dir / "shared").exists()
+    assert len(state_of(make_backend("rocksdb", store_dir, tmp_path / "cold"), 1)) == 2000
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reload_any_version_in_a_fresh_backend(store_dir: Path, tmp_path: Path, mode: str) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path, mode=mode)
     expected = {}
     state: dict[bytes, bytes] = {}
     for v in range(1, 6):
@@ -46,18 +82,19 @@ def test_reload_any_version_in_a_fresh_backend(store_dir: Path, tmp_path: Path) 
         state = {**{k: x for k, x in state.items() if k not in deletes}, **puts}
         expected[v] = dict(state)
     b.close()
-    fresh = make_backend("rocksdb", store_dir, tmp_path)
+    fresh = make_backend("rocksdb", store_dir, tmp_path, mode=mode)
     for v in (5, 2, 4, 1, 3):
         assert state_of(fresh, v) == expected[v]
         assert fresh.load(v).num_keys == len(expected[v])
 
 
-def test_a_competing_attempt_never_makes_us_reuse_a_foreign_file(store_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_competing_attempt_never_makes_us_reuse_a_foreign_file(store_dir: Path, tmp_path: Path, mode: str) -> None:
     """Two attempts at version 2 from different DB lineages; the last manifest wins, and a later
     commit on top of it must not match its own same-named local SSTs against the winner's."""
-    a = make_backend("rocksdb", store_dir, tmp_path / "a")
+    a = make_backend("rocksdb", store_dir, tmp_path / "a", mode=mode)
     commit(a, 0, changes({f"k{i}".encode(): b"base" for i in range(500)}), "t1")
-    b = make_backend("rocksdb", store_dir, tmp_path / "b")
+    b = make_backend("rocksdb", store_dir, tmp_path / "b", mode=mode)
     commit(a, 1, changes({f"k{i}".encode(): b"from-a" for i in range(500)}), "attempt-a")
     commit(b, 1, changes({f"k{i}".encode(): b"from-b" for i in range(500)}), "attempt-b")  # wins
     commit(a, 2, changes({b"extra": b"1"}), "t3")  # a's local DB is a's own v2: it must rebuild from b's
@@ -65,26 +102,33 @@ def test_a_competing_attempt_never_makes_us_reuse_a_foreign_file(store_dir: Path
     assert state_of(make_backend("rocksdb", store_dir, tmp_path / "c"), 3) == expected
 
 
-def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Path) -> None:
-    commit(make_backend("rocksdb", store_dir, tmp_path), 0, changes({b"a": b"1" * 1000}), "t")
-    sst = next((store_dir / "shared").glob("*.sst"))
-    data = bytearray(sst.read_bytes())
+@pytest.mark.parametrize("mode", MODES)
+def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Path, mode: str) -> None:
+    options = {"inlineThresholdBytes": "0"}  # the changes in a file of their own
+    b = make_backend("rocksdb", store_dir, tmp_path, mode=mode, options=options)
+    commit(b, 0, changes({b"a": b"1" * 1000}), "t")
+    damaged = next((store_dir / ("shared" if mode == "snapshot" else "changelog")).glob("*"))
+    data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0x01
-    sst.write_bytes(bytes(data))
+    damaged.write_bytes(bytes(data))
     with pytest.raises(CheckpointDamagedError) as e:
-        make_backend("rocksdb", store_dir, tmp_path / "other").load(1)
-    assert f"shared/{sst.name}" in str(e.value) and "version: 1" in str(e.value)
+        make_backend("rocksdb", store_dir, tmp_path / "other", options={"localRecovery": "false"}).load(1)
+    assert damaged.relative_to(store_dir).as_posix() in str(e.value) and "version: 1" in str(e.value)
 
 
-def test_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: Path) -> None:
-    b = make_backend("rocksdb", store_dir, tmp_path, retain=1)
+def test_snapshot_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: Path) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=1, mode="snapshot")
     commit(b, 0, changes({f"k{i}".encode(): b"v" for i in range(1000)}), "t")
     first_ssts = {r["path"] for r in manifest(store_dir, 1)["shared"].values()}
     for v in range(2, 6):
         commit(b, v - 1, changes({f"n{v}".encode(): b"x"}), f"t{v}")
     b.maintenance(now=1e12)
-    referenced = {r["path"] for v in (4, 5) for r in manifest(store_dir, v)["shared"].values()} | {
-        r["path"] for v in (4, 5) for r in manifest(store_dir, v)["private"].values()
+    referenced = {
+        r["path"]
+        for v in (4, 5)
+        for kind in ("shared", "private")
+        for r in manifest(store_dir, v)[kind].values()
+        if "path" in r  # not stored inside the manifest
     }
     on_disk = {
         str(p.relative_to(store_dir)) for d in ("shared", "private") for p in (store_dir / d).rglob("*") if p.is_file()
@@ -92,6 +136,141 @@ def test_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: P
     assert on_disk == referenced
     assert first_ssts <= on_disk  # still used by the retained versions
     assert sorted(p.name for p in (store_dir / "manifests").iterdir()) == ["4.json", "5.json"]
+
+
+def files_of(store_dir: Path) -> set[str]:
+    return {p.relative_to(store_dir).as_posix() for p in store_dir.rglob("*") if p.is_file()}
+
+
+def test_maintenance_materializes_a_snapshot_off_the_commit_path(store_dir: Path, tmp_path: Path) -> None:
+    """Every minDeltasForSnapshot changelog versions, maintenance snapshots the newest version the
+    local DB holds; a restore then starts from it and replays only what came after."""
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=100, min_deltas=3)
+    state: dict[bytes, bytes] = {}
+    for v in range(1, 6):
+        puts = {f"k{v}-{i}".encode(): str(v).encode() for i in range(100)}
+        commit(b, v - 1, changes(puts), f"t{v}")
+        state |= puts
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+    m3 = manifest(store_dir, 3)
+    assert sorted(f for f in files_of(store_dir) if f.startswith("snapshots/")) == [
+        f"snapshots/3-{m3['manifest_id']}.json"
+    ]
+    snap = json.loads((store_dir / "snapshots" / f"3-{m3['manifest_id']}.json").read_text())
+    assert snap["kind"] == "snapshot" and snap["version"] == 3 and snap["shared"]
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    result = cold.load(5)
+    assert result.metrics["restoreChangelogVersions"] == 2 and result.metrics["restoreRemoteFiles"] > 0
+    assert state_of(cold, 5) == state
+
+
+def test_changelog_gc_keeps_exactly_what_retained_chains_need(store_dir: Path, tmp_path: Path) -> None:
+    rnd = random.Random(5)
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=2, min_deltas=3, options={"inlineThresholdBytes": "200"})
+    expected: dict[int, dict[bytes, bytes]] = {0: {}}
+    for v in range(1, 15):
+        puts = {f"k{rnd.randrange(300)}".encode(): rnd.randbytes(30) for _ in range(40)}
+        deletes = [k for k in expected[v - 1] if rnd.random() < 0.1 and k not in puts]
+        commit(b, v - 1, changes(puts, deletes), f"t{v}")
+        expected[v] = {k: x for k, x in expected[v - 1].items() if k not in deletes} | puts
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+        b.maintenance(now=time.time() + 10_000)  # every snapshot is older than the grace by now
+    kept = sorted(int(p.stem) for p in (store_dir / "manifests").iterdir())
+    assert kept[-3:] == [12, 13, 14] and kept[0] <= 12  # older ones stay only as the chain's start
+    for v in (12, 13, 14):
+        cold = make_backend("rocksdb", store_dir, tmp_path / f"cold-{v}", options={"localRecovery": "false"})
+        assert state_of(cold, v) == expected[v]
+    # nothing is left that the retained versions do not need
+    needed: set[str] = set()
+    for v in (12, 13, 14):
+        m = b.read_manifest(v)
+        needed |= b.dependencies(m, snapshots=snapshots_in(store_dir), now=time.time() + 10_000)
+    data = {f for f in files_of(store_dir) if not f.startswith(("manifests/", "leases/"))}
+    assert data == {p for p in needed if not p.startswith("manifests/")}
+
+
+def test_a_replaced_snapshot_goes_without_waiting_for_the_grace_period(store_dir: Path, tmp_path: Path) -> None:
+    """Once no retained chain starts from a snapshot (two newer ones on the chain), its files are
+    freed by the next maintenance, like any file only expired versions used, not taken for an
+    orphan that must age first."""
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=1, min_deltas=2)
+    for v in range(1, 9):
+        commit(b, v - 1, changes({f"k{v}-{i}".encode(): b"x" * 50 for i in range(200)}), f"t{v}")
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+        b.maintenance()  # right away: every snapshot is younger than the grace period
+    snapshots = sorted(int(p.name.split("-")[0]) for p in (store_dir / "snapshots").glob("*.json"))
+    # retained 7 and 8: their newest snapshots (6, 8) are young, so the ones before them (4, 6)
+    # stay too; 2 went at once
+    assert snapshots == [4, 6, 8], snapshots
+    needed = set()
+    for v in (7, 8):
+        needed |= b.dependencies(b.read_manifest(v), snapshots=snapshots_in(store_dir), now=time.time())
+    data = {f for f in files_of(store_dir) if not f.startswith(("manifests/", "leases/"))}
+    assert data == {p for p in needed if not p.startswith("manifests/")}
+
+
+def snapshots_in(store_dir: Path) -> dict[tuple[int, str], RemoteFile]:
+    out = {}
+    for p in (store_dir / "snapshots").glob("*.json"):
+        key = snapshot_of(p.name)
+        assert key is not None
+        out[key] = RemoteFile(f"snapshots/{p.name}", p.stat().st_size, p.stat().st_mtime)
+    return out
+
+
+def test_a_checkpoint_written_in_one_mode_restores_and_continues_in_the_other(store_dir: Path, tmp_path: Path) -> None:
+    expected: dict[bytes, bytes] = {}
+    modes = ["snapshot", "snapshot", "changelog", "changelog", "snapshot", "changelog"]
+    for v, mode in enumerate(modes, start=1):
+        b = make_backend("rocksdb", store_dir, tmp_path / f"w{v}", mode=mode, options={"localRecovery": "false"})
+        puts = {f"k{v}-{i}".encode(): str(v).encode() for i in range(50)}
+        commit(b, v - 1, changes(puts), f"t{v}")
+        expected |= puts
+        assert manifest(store_dir, v)["kind"] == mode
+        b.close()
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    assert state_of(cold, 6) == expected
+    assert cold.load(4).metrics.get("restoreChangelogVersions") == 2  # versions 3 and 4 on snapshot 2
+
+
+def test_replay_from_a_snapshot_and_the_change_feed(store_dir: Path, tmp_path: Path) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path, min_deltas=2)
+    for v in range(1, 6):
+        puts = {b"k": str(v).encode(), f"only{v}".encode(): b"x"}
+        commit(b, v - 1, changes(puts, [f"only{v - 1}".encode()]), f"t{v}")
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+    assert b.snapshot_versions() == [2, 4]
+    fresh = make_backend("rocksdb", store_dir, tmp_path / "fresh", options={"localRecovery": "false"})
+    result = fresh.replay(2, 5)
+    assert result.metrics["restoreChangelogVersions"] == 3 and fresh.load(5).metrics == {}  # the DB holds 5 now
+    assert state_of(fresh, 5) == {b"k": b"5", b"only5": b"x"}
+    with pytest.raises(StoreConfigError, match="no snapshot of version 3") as e:
+        fresh.replay(3, 5)
+    assert "snapshots: 2, 4" in str(e.value)
+    feed = [
+        (v, *row) for v, batch in b.changes(4, 5) for row in zip(*(c.to_pylist() for c in batch.columns), strict=True)
+    ]
+    put, delete = 1, 2
+    assert feed == [  # each version's changes in key order, as the JVM sent them
+        (4, put, b"k", b"4"),
+        (4, delete, b"only3", None),
+        (4, put, b"only4", b"x"),
+        (5, put, b"k", b"5"),
+        (5, delete, b"only4", None),
+        (5, put, b"only5", b"x"),
+    ]
 
 
 def stream(table: pa.Table, rows_per_batch: int) -> pa.RecordBatchReader:

@@ -18,7 +18,7 @@ from backend_support import changes, commit, make_backend, read_view, state_of
 from pystatestore.backends import StateBackend
 from pystatestore.backends.rocksdb import RocksDBBackend
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
-from pystatestore.manifest import KEY_ENCODING_PREFIX
+from pystatestore.manifest import FORMAT_VERSION, KEY_ENCODING_PREFIX
 
 
 def prefixed(backend: StateBackend) -> StateBackend:
@@ -40,7 +40,7 @@ def test_commit_leaves_a_view_of_exactly_the_new_version(tmp_path: Path) -> None
     assert read_view(view) == {b"b": b"2", b"c": b"3"}
     assert result.num_keys == 2
     manifest = json.loads((tmp_path / "store" / "manifests" / "2.json").read_text())
-    assert manifest["num_keys"] == 2 and manifest["format"] == 2 and manifest["key_encoding"] == "raw"
+    assert manifest["num_keys"] == 2 and manifest["format"] == FORMAT_VERSION and manifest["key_encoding"] == "raw"
 
 
 def test_a_load_leaves_a_view_and_sends_no_pairs(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_format_1_manifests_read_as_raw_keys_and_newer_formats_are_refused(tmp_p
     assert state_of(make_backend("rocksdb", store, tmp_path / "r1"), 1) == {b"k": b"v"}
     with pytest.raises(StoreConfigError, match="prefix-scan stores"):
         prefixed(make_backend("rocksdb", store, tmp_path / "r2")).load(1)
-    doc["format"] = 3
+    doc["format"] = FORMAT_VERSION + 1
     manifest.write_text(json.dumps(doc))
     with pytest.raises(CheckpointDamagedError, match="newer pystatestore") as e:
         make_backend("rocksdb", store, tmp_path / "r3").load(1)

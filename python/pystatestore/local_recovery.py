@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import InvalidPathError
 from .manifest import FileRef
@@ -152,17 +153,24 @@ class LocalRecoveryStore:
             )
         self._disabled_reason = why
 
-    def save(self, version: int, manifest_id: str, checkpoint_dir: Path) -> SaveResult:
+    def save(
+        self, version: int, manifest_id: str, checkpoint_dir: Path, known: dict[str, FileRef] | None = None
+    ) -> SaveResult:
         """Keeps the files of `checkpoint_dir` (hard links; it stays where it is) as the local copy
-        of `version`. Never raises."""
+        of `version`. Its marker lists every file's size and checksum, so the copy can be verified
+        as a whole even when the manifest lists no files (changelog versions): `known` gives those
+        the caller has, files hard-linked from the previous copy keep theirs, and only the others
+        are read. Never raises."""
         if not self.enabled:
             return SaveResult(False)
         try:
             make_private_dir(self.root)
             make_private_dir(self.root / LAYOUT)
             make_private_dir(self.dir)
+            previous = self.copies()
             target = self.dir / f"{version}-{manifest_id}"
             copied = link_or_copy_tree(checkpoint_dir, target)
+            files = self._file_list(target, known or {}, previous[0].path if previous else None)
             if copied and not self._copy_reported:
                 self._copy_reported = True
                 log.warning(
@@ -177,13 +185,82 @@ class LocalRecoveryStore:
                 )
             if self.hook is not None:
                 self.hook("local-save:moved")
-            marker = {"store": self.store_dir, "version": version, "manifestId": manifest_id, "savedAt": time.time()}
+            marker = {
+                "store": self.store_dir,
+                "version": version,
+                "manifestId": manifest_id,
+                "savedAt": time.time(),
+                "files": files,
+            }
             (target / MARKER).write_text(json.dumps(marker))
             self.prune(keep_newest=self.versions_kept)
             return SaveResult(True, copied)
         except OSError as e:
             self._disable(f"{type(e).__name__}: {e}")
             return SaveResult(False)
+
+    @staticmethod
+    def _file_list(copy: Path, known: dict[str, FileRef], previous: Path | None) -> dict[str, list[Any]]:
+        """name -> [size, checksum] for every file of `copy`."""
+        before: dict[str, list[Any]] = {}
+        if previous is not None:
+            try:
+                before = json.loads((previous / MARKER).read_text()).get("files") or {}
+            except (OSError, ValueError, AttributeError):
+                before = {}
+        out: dict[str, list[Any]] = {}
+        for f in copy.iterdir():
+            if f.name == MARKER or not f.is_file() or f.is_symlink():
+                continue
+            st = f.stat()
+            ref = known.get(f.name)
+            if ref is not None and ref.size == st.st_size:
+                out[f.name] = [ref.size, ref.checksum]
+                continue
+            prior = before.get(f.name)
+            if prior is not None and prior[0] == st.st_size and previous is not None:
+                try:
+                    if (previous / f.name).stat().st_ino == st.st_ino:  # the same file, hard-linked
+                        out[f.name] = list(prior)
+                        continue
+                except OSError:
+                    pass
+            out[f.name] = list(file_checksum(f))
+        return out
+
+    def verified_copy(self, version: int, manifest_id: str) -> dict[str, Path] | None:
+        """The files of the local copy of exactly this version and attempt, if each one matches the
+        size and checksum its marker lists (a copy saved before markers listed files is not used
+        this way). A mismatch is reported and the copy not used."""
+        for copy in self.copies():
+            if copy.version != version or copy.manifest_id != manifest_id:
+                continue
+            try:
+                listed = json.loads((copy.path / MARKER).read_text()).get("files")
+            except (OSError, ValueError, AttributeError):
+                return None
+            if not isinstance(listed, dict) or not listed:
+                return None
+            out: dict[str, Path] = {}
+            for name, (size, checksum) in listed.items():
+                try:
+                    path = Path(local_file_in(copy.path, name, store=self.store_dir, version=version))
+                    st = path.lstat()
+                    ok = stat.S_ISREG(st.st_mode) and st.st_size == size and file_checksum(path) == (size, checksum)
+                except (OSError, InvalidPathError, ValueError, TypeError):
+                    ok = False
+                if not ok:
+                    log.warning(
+                        "local recovery copy %s of store %s (version %d) is damaged at %s; not using it",
+                        copy.path,
+                        self.store_dir,
+                        version,
+                        name,
+                    )
+                    return None
+                out[name] = path
+            return out
+        return None
 
     def copies(self) -> list[LocalCopy]:
         """Complete copies, newest first. Incomplete ones (no marker) and copies whose marker does

@@ -1,12 +1,17 @@
 """Manifests: a version's commit point (DESIGN §3), written last and atomically.
 
-A manifest lists every file the version needs with its size and checksum. Reading one validates
-its structure, every path in it and every logical file name (which becomes a local file name)
-before anything else trusts it.
+A *snapshot* manifest lists every file the version needs with its size and checksum; files under a
+size threshold are stored inside it (base64), as Flink keeps small state handles inside its
+checkpoint metadata. A *changelog* manifest holds the version's changes (inline when small, else in
+a `changelog/` file) and names the manifest of the version they apply to: the version is that
+version plus these changes. Reading a manifest validates its structure, every path in it and every
+logical file name (which becomes a local file name) before anything else trusts it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import re
@@ -20,11 +25,15 @@ from typing import Any
 from .errors import CheckpointDamagedError, InvalidPathError
 from .remote import validate_file_name, validate_relative_path
 
-# Format 2 records how keys are stored (`key_encoding`); format 1 (releases before 0.3.0) always
-# stored Spark's key bytes as they are ("raw").
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+# Format 3 adds changelog manifests and files stored inline; format 2 records how keys are stored
+# (`key_encoding`); format 1 (releases before 0.3.0) always stored Spark's key bytes as they are.
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 MANIFEST_DIR = "manifests"
+# Snapshots of changelog versions, made later by maintenance: snapshots/<version>-<manifest id>.json
+SNAPSHOT_DIR = "snapshots"
+KIND_SNAPSHOT = "snapshot"
+KIND_CHANGELOG = "changelog"
 KEY_ENCODING_RAW = "raw"
 # A prefix-scan store's keys: 4-byte big-endian length of the prefix row, the prefix row's bytes,
 # then the whole key row's bytes, so a prefix scan is a seek over a byte prefix (DESIGN §2).
@@ -44,6 +53,20 @@ def manifest_path(version: int, checkpoint_id: str | None = None) -> str:
     )
 
 
+def snapshot_path(version: int, manifest_id: str) -> str:
+    """Where maintenance publishes the snapshot of changelog version `version` (attempt `manifest_id`)."""
+    return f"{SNAPSHOT_DIR}/{version}-{manifest_id}.json"
+
+
+_SNAPSHOT_NAME = re.compile(r"^(\d+)-([0-9a-f]{32})\.json$")
+
+
+def snapshot_of(path: str) -> tuple[int, str] | None:
+    """(version, manifest id) of a snapshot manifest's path, or None for other files."""
+    m = _SNAPSHOT_NAME.match(path.rsplit("/", 1)[-1])
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def version_of_manifest(name: str) -> int | None:
     """The version a manifest file name stands for, or None for other files (temporaries)."""
     m = _MANIFEST_NAME.match(name.rsplit("/", 1)[-1])
@@ -57,9 +80,50 @@ def current_writer() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FileRef:
-    path: str  # relative to the store directory
+    path: str  # relative to the store directory; "" for a file stored inside the manifest
     size: int
     checksum: str
+    data: str | None = None  # base64 of the content, for a file stored inside the manifest
+
+    @property
+    def inline(self) -> bool:
+        return self.data is not None
+
+    @staticmethod
+    def inline_of(content: bytes) -> FileRef:
+        return FileRef("", len(content), checksum(content), base64.b64encode(content).decode("ascii"))
+
+    def content(self, *, store: str, version: int, name: str) -> bytes:
+        """An inline file's bytes, checked against its size and checksum."""
+        assert self.data is not None
+        try:
+            content = base64.b64decode(self.data, validate=True)
+        except (binascii.Error, ValueError):
+            content = b""
+        if len(content) != self.size or checksum(content) != self.checksum:
+            raise CheckpointDamagedError(
+                f"the file {name} stored inside the manifest does not match its size and checksum",
+                store=store,
+                version=version,
+                file=manifest_path(version),
+            )
+        return content
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"size": self.size, "checksum": self.checksum}
+        if self.inline:
+            doc["data"] = self.data
+        else:
+            doc["path"] = self.path
+        return doc
+
+
+@dataclass(frozen=True)
+class ChangesRef:
+    """A changelog version's changes (a `changelog.py` segment): inline, or in a changelog file."""
+
+    rows: int
+    ref: FileRef
 
 
 @dataclass
@@ -82,13 +146,35 @@ class Manifest:
     manifest_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     key_encoding: str = KEY_ENCODING_RAW
     format: int = FORMAT_VERSION
+    kind: str = KIND_SNAPSHOT
+    # changelog manifests: the attempt at `base_version` the changes apply to ("" for version 0)
+    parent_manifest_id: str = ""
+    changes: ChangesRef | None = None
+
+    @property
+    def is_changelog(self) -> bool:
+        return self.kind == KIND_CHANGELOG
 
     def files(self) -> list[FileRef]:
-        return list(self.shared.values()) + list(self.private.values())
+        """Every file of the checkpoint this manifest itself names (not those stored inside it)."""
+        refs = list(self.shared.values()) + list(self.private.values())
+        if self.changes is not None:
+            refs.append(self.changes.ref)
+        return [r for r in refs if not r.inline]
 
     def to_json(self) -> bytes:
-        doc = asdict(self)
-        return json.dumps(doc, sort_keys=True, indent=1).encode()
+        """Compact JSON: a changelog commit of a few rows writes a few hundred bytes, and the
+        manifest is all it writes."""
+        doc = {k: v for k, v in asdict(self).items() if k not in ("shared", "private", "changes")}
+        for kind in ("shared", "private"):
+            refs: dict[str, FileRef] = getattr(self, kind)
+            if refs or not self.is_changelog:
+                doc[kind] = {name: ref.to_doc() for name, ref in refs.items()}
+        if self.changes is not None:
+            doc["changes"] = {"rows": self.changes.rows, **self.changes.ref.to_doc()}
+        if self.is_changelog:  # what a changelog manifest does not need is left out
+            doc = {k: v for k, v in doc.items() if v not in ("", None) or k in ("parent_manifest_id",)}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @staticmethod
     def from_json(data: bytes, *, store: str, version: int, file: str) -> Manifest:
@@ -116,25 +202,31 @@ class Manifest:
             )
         if fmt not in READABLE_FORMATS:
             raise damaged(f"format {fmt!r}; this pystatestore reads formats {READABLE_FORMATS}")
+
+        def ref_of(r: dict[str, Any]) -> FileRef:
+            if "data" in r:
+                return FileRef("", int(r["size"]), str(r["checksum"]), str(r["data"]))
+            return FileRef(
+                validate_relative_path(r["path"], store=store, version=version), int(r["size"]), str(r["checksum"])
+            )
+
+        kind = doc.get("kind", KIND_SNAPSHOT)
         try:
             refs = {
-                kind: {
-                    validate_file_name(name, store=store, version=version): FileRef(
-                        validate_relative_path(r["path"], store=store, version=version),
-                        int(r["size"]),
-                        str(r["checksum"]),
-                    )
-                    for name, r in doc[kind].items()
+                k: {
+                    validate_file_name(name, store=store, version=version): ref_of(r)
+                    for name, r in doc.get(k, {}).items()
                 }
-                for kind in ("shared", "private")
+                for k in ("shared", "private")
             }
+            changes = doc.get("changes")
             m = Manifest(
                 store=dict(doc["store"]),
                 version=int(doc["version"]),
                 base_version=int(doc["base_version"]),
                 backend=str(doc["backend"]),
-                key_schema=str(doc["key_schema"]),
-                value_schema=str(doc["value_schema"]),
+                key_schema=str(doc.get("key_schema", "") if kind == KIND_CHANGELOG else doc["key_schema"]),
+                value_schema=str(doc.get("value_schema", "") if kind == KIND_CHANGELOG else doc["value_schema"]),
                 num_keys=int(doc["num_keys"]),
                 attempt_id=str(doc["attempt_id"]),
                 shared=refs["shared"],
@@ -146,6 +238,9 @@ class Manifest:
                 manifest_id=str(doc.get("manifest_id", "")),
                 key_encoding=str(doc.get("key_encoding", KEY_ENCODING_RAW)) if fmt >= 2 else KEY_ENCODING_RAW,
                 format=int(fmt),
+                kind=str(kind),
+                parent_manifest_id=str(doc.get("parent_manifest_id", "")),
+                changes=ChangesRef(int(changes["rows"]), ref_of(changes)) if changes is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None
@@ -155,4 +250,10 @@ class Manifest:
             raise damaged(f"it describes version {m.version}")
         if m.key_encoding not in KEY_ENCODINGS:
             raise damaged(f"unknown key encoding {m.key_encoding!r}")
+        if m.kind not in (KIND_SNAPSHOT, KIND_CHANGELOG):
+            raise damaged(f"unknown kind {m.kind!r}")
+        if m.is_changelog and (m.changes is None or m.base_version != m.version - 1):
+            raise damaged("a changelog manifest without its changes or its base version")
+        if m.changes is not None and not m.changes.ref.inline and not m.changes.ref.path.startswith("changelog/"):
+            raise damaged(f"changes stored at {m.changes.ref.path!r}, outside changelog/")
         return m

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .leases import LEASE_DIR, attempt_token_of, live_attempts
-from .manifest import MANIFEST_DIR, version_of_manifest
+from .manifest import MANIFEST_DIR, manifest_path, version_of_manifest
 from .registry import SharedStateRegistry
 from .remote import REPLACED_PREFIX, RemoteFile
 
-DATA_DIRS = ("shared/", "private/", "changelog/")
+DATA_DIRS = ("shared/", "private/", "changelog/", "snapshots/")
 _REPLACED = re.compile(rf"^{re.escape(REPLACED_PREFIX)}(\d+)\.json-[0-9a-f]+$")
 
 
@@ -90,9 +90,18 @@ def plan_retention(
         orphans = tuple(sorted(f.path for f in files if f.path.startswith(DATA_DIRS) and expired_orphan(f)))
         return RetentionPlan(None, (), orphans + stale_leases, (), dead_dirs)
     kept = sorted(v for v in referenced_by_version if v >= lowest)
+    if any(referenced_by_version[v] is None for v in kept):
+        # What that version needs (its chain's manifests included) is unknown: delete nothing it might.
+        return RetentionPlan(lowest, (), stale_leases, tuple(kept))
+    # A retained changelog version needs its chain's manifests, however old.
+    needed = {p for v in kept for p in referenced_by_version[v] or ()}
     in_manifest_dir = [f for f in files if f.path.startswith(MANIFEST_DIR + "/")]
     expired_manifests = tuple(
-        sorted(f.path for f in in_manifest_dir if (v := version_of_manifest(f.path)) is not None and v < lowest)
+        sorted(
+            f.path
+            for f in in_manifest_dir
+            if (v := version_of_manifest(f.path)) is not None and v < lowest and f.path not in needed
+        )
     )
     finals = {version_of_manifest(f.path) for f in in_manifest_dir} - {None}
     stale_manifest_files = tuple(
@@ -102,13 +111,11 @@ def plan_retention(
         and (
             # a set-aside manifest is a fallback only while its version has no final manifest
             (rv := version_of_replaced_manifest(f.path)) is not None
-            and (rv < lowest or (rv in finals and older_than_grace(f)))
+            and ((rv < lowest and manifest_path(rv) not in needed) or (rv in finals and older_than_grace(f)))
             or rv is None
             and older_than_grace(f)  # temporaries of crashed publishes
         )
     )
-    if any(referenced_by_version[v] is None for v in kept):
-        return RetentionPlan(lowest, expired_manifests, stale_manifest_files + stale_leases, tuple(kept))
     registry = SharedStateRegistry.from_manifests({v: refs or () for v, refs in referenced_by_version.items()})
     unused = set(registry.unused_before(lowest))
     doomed = [

@@ -6,7 +6,7 @@ import abc
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +15,21 @@ import pyarrow as pa
 from .. import frames
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
 from ..leases import LEASE_DIR, Clock, CommitLease, validate_grace
-from ..manifest import KEY_ENCODING_RAW, MANIFEST_DIR, FileRef, Manifest, manifest_path, version_of_manifest
-from ..remote import RemoteStore, describe_foreign_layout
-from ..retention import RetentionPlan, plan_retention, version_of_replaced_manifest
+from ..manifest import (
+    KEY_ENCODING_RAW,
+    KIND_CHANGELOG,
+    MANIFEST_DIR,
+    SNAPSHOT_DIR,
+    ChangesRef,
+    FileRef,
+    Manifest,
+    manifest_path,
+    snapshot_of,
+    snapshot_path,
+    version_of_manifest,
+)
+from ..remote import RemoteFile, RemoteStore, describe_foreign_layout
+from ..retention import RetentionPlan, lowest_retained_version, plan_retention, version_of_replaced_manifest
 
 log = logging.getLogger("pystatestore.backends")
 BACKEND_CONF = "spark.sql.streaming.stateStore.pystatestore.backend"
@@ -48,6 +60,9 @@ class StoreContext:
     # This host's base directory for pystatestore (spark.local.dir or java.io.tmpdir): the default
     # local recovery directory goes there, on the same filesystem as the local databases.
     host_dir: str = ""
+    # Spark's spark.sql.streaming.stateStore.minDeltasForSnapshot: changelog versions after which
+    # maintenance makes a snapshot.
+    min_deltas_for_snapshot: int = 10
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -150,6 +165,32 @@ class StateBackend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stateless backends
         """Drops in-memory state; files stay."""
 
+    # -- optional capabilities (the rocksdb backend has them) ------------------------------
+    def prepare_materialization(self) -> Any | None:
+        """Under the store's lock: a snapshot job if one is due (see the rocksdb backend), else None."""
+        return None
+
+    def finish_materialization(self, job: Any) -> None:  # noqa: B027 - only called with a job
+        """Without the store's lock: makes the snapshot `prepare_materialization` set up durable."""
+
+    def complete_materialization(self, job: Any) -> None:  # noqa: B027 - only called with a job
+        """Under the store's lock again: lets the backend know the snapshot exists."""
+
+    def changes(self, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The change feed, version by version; only changelog backends record changes."""
+        raise self._unsupported("records no per-version changes (the change feed)")
+
+    def replay(self, snapshot_version: int, end_version: int, view_dir: str | None = None) -> LoadResult:
+        """A version rebuilt from an older snapshot; only changelog backends can."""
+        raise self._unsupported("keeps no snapshots to replay from (snapshotStartBatchId)")
+
+    def _unsupported(self, what: str) -> StoreConfigError:
+        return StoreConfigError(
+            f"the {self.name} backend {what}",
+            store=self.ctx.store_dir,
+            advice=f"Write the checkpoint with {BACKEND_CONF}=rocksdb (the default) to read it this way.",
+        )
+
     # -- manifests -------------------------------------------------------------------------
     def read_manifest(self, version: int) -> Manifest:
         """The manifest of `version`, checked to belong to this store and this backend."""
@@ -235,6 +276,85 @@ class StateBackend(abc.ABC):
         if m.store.get("dir") != self.ctx.store_dir:
             log.debug("store %s: version %d was written at %s (checkpoint moved)", mine, m.version, m.store.get("dir"))
 
+    def read_snapshot(self, version: int, manifest_id: str) -> Manifest | None:
+        """The snapshot maintenance made of changelog version `version` (attempt `manifest_id`),
+        checked like a manifest, or None when there is none."""
+        rel = snapshot_path(version, manifest_id)
+        if not self.remote.exists(rel):
+            return None
+        data = self.remote.read_bytes(rel, version=version)
+        m = Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+        self._check_identity(m, rel)
+        if m.is_changelog or m.manifest_id != manifest_id:
+            raise CheckpointDamagedError(
+                "a snapshot manifest that does not describe the version it is named for",
+                store=self.ctx.store_dir,
+                version=version,
+                file=rel,
+            )
+        return m
+
+    def chain_back(self, m: Manifest, cache: dict[int, Manifest] | None = None) -> Iterator[Manifest]:
+        """`m`, then the manifest of each version it was committed on, back to a snapshot manifest
+        or to version 1. Each parent must be the very attempt its child was committed on."""
+        cache = {} if cache is None else cache
+        current = m
+        while True:
+            yield current
+            if not current.is_changelog or current.base_version == 0:
+                return
+            parent = cache.get(current.base_version)
+            if parent is None:
+                parent = cache[current.base_version] = self.read_manifest(current.base_version)
+            if parent.manifest_id != current.parent_manifest_id:
+                raise CheckpointDamagedError(
+                    f"version {current.version} holds changes to attempt {current.parent_manifest_id} of version "
+                    f"{current.base_version}, but the checkpoint holds attempt {parent.manifest_id}",
+                    store=self.ctx.store_dir,
+                    version=current.version,
+                    file=manifest_path(current.base_version),
+                    advice="A version was replaced after later versions were committed on it (a task attempt that "
+                    "outlived its stage?). Restore the store directory from a backup or start from a new "
+                    "checkpoint location.",
+                )
+            current = parent
+
+    def dependencies(
+        self,
+        m: Manifest,
+        *,
+        snapshots: Mapping[tuple[int, str], RemoteFile],
+        now: float,
+        cache: dict[int, Manifest] | None = None,
+    ) -> set[str]:
+        """Every file a version needs to be restored: for a changelog version, its chain's manifests
+        and changes back to a snapshot. While the newest snapshot on the chain is younger than the
+        grace period, the chain back to the snapshot before it counts too: restores that began
+        before the new snapshot appeared are still walking it, and a snapshot being made may reuse
+        its files. Older chains go: a long-running query keeps about `minBatchesToRetain` versions
+        plus one snapshot interval, not everything of the last grace period."""
+        needed = {f.path for f in m.files()}
+        if not m.is_changelog:
+            return needed
+        grace = self.ctx.orphan_grace_seconds
+        found = 0
+        for c in self.chain_back(m, cache):
+            needed.add(manifest_path(c.version))
+            needed.update(f.path for f in c.files())
+            if not c.is_changelog:
+                break
+            snap = snapshots.get((c.version, c.manifest_id))
+            materialized = self.read_snapshot(c.version, c.manifest_id) if snap is not None else None
+            if snap is None or materialized is None:
+                continue
+            needed.add(snap.path)
+            needed.update(f.path for f in materialized.files())
+            found += 1
+            settled = snap.mtime is not None and now - snap.mtime > grace
+            if settled or found == 2:
+                break
+        return needed
+
     def new_manifest(
         self,
         version: int,
@@ -244,7 +364,7 @@ class StateBackend(abc.ABC):
         shared: dict[str, FileRef] | None = None,
         private: dict[str, FileRef] | None = None,
     ) -> Manifest:
-        """The manifest of `version` (based on `version - 1`) for this store and backend."""
+        """The snapshot manifest of `version` (based on `version - 1`) for this store and backend."""
         return Manifest(
             store=self.ctx.identity,
             version=version,
@@ -259,6 +379,26 @@ class StateBackend(abc.ABC):
             key_encoding=self.ctx.key_encoding,
         )
 
+    def new_changelog_manifest(
+        self, version: int, num_keys: int, attempt_id: str, *, parent_manifest_id: str, changes: ChangesRef
+    ) -> Manifest:
+        """The changelog manifest of `version`: `changes` applied to attempt `parent_manifest_id` of
+        `version - 1`. The schemas are left to snapshot manifests, except at the start of a chain."""
+        return Manifest(
+            store=self.ctx.identity,
+            version=version,
+            base_version=version - 1,
+            backend=self.name,
+            key_schema=self.ctx.key_schema if version == 1 else "",
+            value_schema=self.ctx.value_schema if version == 1 else "",
+            num_keys=num_keys,
+            attempt_id=attempt_id,
+            key_encoding=self.ctx.key_encoding,
+            kind=KIND_CHANGELOG,
+            parent_manifest_id=parent_manifest_id,
+            changes=changes,
+        )
+
     # -- retention (DESIGN §4) -------------------------------------------------------------
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
         """Deletes what no retained version needs. Manifests go first, so a crash part-way leaves
@@ -267,17 +407,9 @@ class StateBackend(abc.ABC):
         now = self.clock() if now is None else now
         manifests = self.remote.list_files(MANIFEST_DIR)
         leases = self.remote.list_files(LEASE_DIR)
-        data_files = [f for d in ("private", "shared", "changelog") for f in self.remote.list_files(d)]
+        data_files = [f for d in ("private", "shared", "changelog", SNAPSHOT_DIR) for f in self.remote.list_files(d)]
         attempt_dirs = self.remote.list_dirs("private")
-        versions = {version_of_manifest(f.path) for f in manifests} | {
-            version_of_replaced_manifest(f.path) for f in manifests
-        }
-        refs: dict[int, list[str] | None] = {}
-        for v in sorted(versions - {None}):
-            try:
-                refs[v] = [r.path for r in self.read_any_manifest(v).files()]
-            except (CheckpointDamagedError, CheckpointMissingError):
-                refs[v] = None  # unknown needs: keep every data file
+        refs = self.needs_by_version(manifests, data_files, now=now)
         plan = plan_retention(
             manifests + leases + data_files,
             refs,
@@ -298,6 +430,40 @@ class StateBackend(abc.ABC):
             "deletedDirs": removed_dirs,
             "keptVersions": len(plan.kept_versions),
         }
+
+    def needs_by_version(
+        self, manifests: list[RemoteFile], data_files: list[RemoteFile], *, now: float
+    ) -> dict[int, list[str] | None]:
+        """What each version with a manifest needs (None: its manifest is unreadable). A retained
+        version needs its whole chain back to a snapshot; an older one, only what it names itself
+        (it is going, and with it what only it used)."""
+        snapshots = {
+            key: f for f in data_files if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
+        }
+        versions = (
+            {version_of_manifest(f.path) for f in manifests} | {version_of_replaced_manifest(f.path) for f in manifests}
+        ) - {None}
+        lowest = lowest_retained_version(versions, self.ctx.min_versions_to_retain)
+        refs: dict[int, list[str] | None] = {}
+        cache: dict[int, Manifest] = {}
+        for v in sorted(versions, reverse=True):
+            try:
+                m = cache.get(v) or self.read_any_manifest(v)
+                if lowest is not None and v >= lowest:
+                    needed = self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
+                else:
+                    # A version on its way out: its own files and the snapshot made of it, so the
+                    # registry sees when they were last used and frees them at once when no
+                    # retained version's chain needs them (rather than after the orphan grace).
+                    needed = {f.path for f in m.files()}
+                    snap = snapshots.get((v, m.manifest_id))
+                    materialized = self.read_snapshot(v, m.manifest_id) if snap is not None else None
+                    if snap is not None and materialized is not None:
+                        needed |= {snap.path, *(f.path for f in materialized.files())}
+                refs[v] = sorted(needed)
+            except (CheckpointDamagedError, CheckpointMissingError):
+                refs[v] = None  # unknown needs: keep every data file
+        return refs
 
     def _after_retention(self, plan: RetentionPlan) -> None:  # noqa: B027 - optional hook
         """Lets a backend drop cached versions that retention removed."""

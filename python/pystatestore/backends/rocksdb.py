@@ -1,42 +1,68 @@
 """The `rocksdb` backend: Flink's incremental RocksDB checkpoints (DESIGN §3, §4), via rocksdict.
 
-Each commit applies the version's changes to a local RocksDB, flushes, takes a native checkpoint
-(hard links) and uploads only the SST files that the confirmed base version's manifest does not
-already list; the non-SST files (MANIFEST, OPTIONS, CURRENT, ...) are uploaded every time, as
-private files. The version's manifest is written last, atomically: it is the commit point.
+Every commit writes the version's changes into the local RocksDB (as one ingested SST file) and
+takes a native checkpoint (hard links), which the JVM reads as the version's view. What it makes
+durable depends on the commit mode:
+- `changelog` (Flink's FLIP-158, Spark's changelog checkpointing): the version's changes, as a
+  compressed segment inside the manifest when small (else under `changelog/`), and a manifest that
+  names the attempt they apply to. Maintenance later materializes a snapshot of a version once the
+  chain since the last one is long or large, off the commit path.
+- `snapshot`: the SST files the version's nearest snapshot does not already hold, and a manifest
+  listing every file. Small files (RocksDB's MANIFEST, CURRENT, ...) are stored inside it, and a file
+  the snapshot holds with the same content (OPTIONS) is reused, so a small store's version is one
+  manifest plus its new SSTs.
+The manifest is written last, atomically: it is the commit point.
 
-Python writes, the JVM reads (DESIGN §2): the commit's checkpoint directory is left where the JVM
-asked (`view_dir`) as the version's read view, which the JVM opens read-only with Spark's own
-rocksdbjni; a load leaves such a view too instead of shipping pairs. The JVM owns view directories
-(it deletes them once closed), so nothing here ever prunes a directory the JVM has open. The key
-count comes from the JVM, which saw whether each changed key existed: the worker never reads keys.
+Python writes, the JVM reads (DESIGN §2): a commit's or load's checkpoint directory is left where
+the JVM asked (`view_dir`); the JVM owns view directories and deletes them once closed, so nothing
+here ever prunes a directory the JVM has open. The key count comes from the JVM, which saw whether
+each changed key existed: the worker never reads keys.
 
-The local DB is trusted for reuse only while it is exactly the state of one manifest (same
-version and same manifest id): SST names are local to a DB lineage, so a file name may only be
-matched against the manifest the local DB was built from or committed as.
+The local DB is trusted for reuse only while it is exactly the state of one manifest (same version
+and same manifest id). SST names are local to a DB lineage, so a file name may only be matched
+against the snapshot the local DB descends from (`_ancestor`), and only while that snapshot is the
+one the version's chain resolves to (so garbage collection keeps it).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import rocksdict
 
-from .. import frames
+from .. import changelog, frames
 from ..errors import CheckpointDamagedError, StoreConfigError
 from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
-from ..manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW, MANIFEST_DIR, FileRef, Manifest, manifest_path
+from ..manifest import (
+    KEY_ENCODING_PREFIX,
+    KEY_ENCODING_RAW,
+    KIND_SNAPSHOT,
+    MANIFEST_DIR,
+    SNAPSHOT_DIR,
+    ChangesRef,
+    FileRef,
+    Manifest,
+    manifest_path,
+    snapshot_of,
+    snapshot_path,
+    version_of_manifest,
+)
 from ..remote import RemoteStore, local_file_in
-from ..transfer import TransferStats, download_all, upload_all
+from ..transfer import TransferStats, download_all, upload_all, upload_file
 from .base import CommitResult, LoadResult, StateBackend
 
+log = logging.getLogger("pystatestore.rocksdb")
 DEFAULT_TRANSFER_THREADS = 4
 DEFAULT_L0_COMPACTION_TRIGGER = 8
 # Table format the JVM's reader understands: Spark 4.1 ships rocksdbjni 9.8.4, older than the
@@ -44,11 +70,20 @@ DEFAULT_L0_COMPACTION_TRIGGER = 8
 TABLE_FORMAT_VERSION = 5
 BLOOM_BITS_PER_KEY = 10  # point lookups in the JVM skip files that cannot hold the key
 METADATA_BLOCK_BYTES = 4096  # index and filter partitions
+# RocksDB's MANIFEST grows by every flush and compaction until it reaches this size, then starts
+# anew with the current state only: kept small so it can be stored inside our manifests.
+MAX_ROCKSDB_MANIFEST_BYTES = 64 << 10
 APPLY_CHUNK_ROWS = 16384
 # The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
 # restores touch: small, shared by every store in the worker.
 WORKER_BLOCK_CACHE_BYTES = 8 << 20
 STALE_COPY_SCAN_INTERVAL_S = 3600.0
+COMMIT_MODES = ("changelog", "snapshot")
+DEFAULT_COMMIT_MODE = "changelog"
+# Files (and changelog segments) up to this size are stored inside the manifest.
+DEFAULT_INLINE_BYTES = 16 << 10
+# Maintenance also makes a snapshot once the changes since the last one add up to this much.
+DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
 _last_stale_scan: dict[Path, float] = {}
@@ -79,6 +114,31 @@ def _link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
     shutil.copy2(src, dst)
 
 
+@dataclass
+class Materialization:
+    """A snapshot of the newest changelog version being made by maintenance: prepared under the
+    store's lock (a checkpoint: hard links), uploaded without it, so commits do not wait."""
+
+    manifest: Manifest  # the changelog manifest being materialized
+    checkpoint_dir: Path
+    reuse_from: Manifest | None  # the snapshot whose files the local DB still holds
+    db_dir: Path  # the local DB it came from: it becomes that DB's ancestor only if unchanged
+    snapshot: Manifest | None = None
+    metrics: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Restore:
+    """What `_ensure_at` did: where the state came from and what it cost."""
+
+    metrics: dict[str, int] = field(default_factory=dict)
+    local_files: int = 0
+    local_bytes: int = 0
+    remote: TransferStats = TransferStats(0, 0)
+    replayed: int = 0
+    replayed_bytes: int = 0
+
+
 class RocksDBBackend(StateBackend):
     name = "rocksdb"
     read_path = "view"
@@ -86,18 +146,27 @@ class RocksDBBackend(StateBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        opts = self.ctx.options
+        self.mode = opts.get("commitMode", DEFAULT_COMMIT_MODE)
+        if self.mode not in COMMIT_MODES:
+            raise StoreConfigError(
+                f"commitMode={self.mode!r} is not one of {', '.join(COMMIT_MODES)}",
+                store=self.ctx.store_dir,
+                advice="Set spark.sql.streaming.stateStore.pystatestore.commitMode to changelog or snapshot.",
+            )
+        self.inline_bytes = self._int_option("inlineThresholdBytes", DEFAULT_INLINE_BYTES, minimum=0)
+        self.changelog_max_bytes = self._int_option("changelogMaxBytes", DEFAULT_CHANGELOG_MAX_BYTES, minimum=1)
+        self.threads = self._int_option("transferThreads", DEFAULT_TRANSFER_THREADS, minimum=1)
+        self.l0_trigger = self._int_option("rocksdb.l0CompactionTrigger", DEFAULT_L0_COMPACTION_TRIGGER, minimum=1)
         base = Path(self.ctx.local_dir or tempfile.gettempdir()) / "rocksdb"
         base.mkdir(parents=True, exist_ok=True)
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"op{self.ctx.operator_id}-p{self.ctx.partition_id}-", dir=base))
-        self.threads = int(self.ctx.options.get("transferThreads", DEFAULT_TRANSFER_THREADS))
-        self.l0_trigger = int(self.ctx.options.get("rocksdb.l0CompactionTrigger", DEFAULT_L0_COMPACTION_TRIGGER))
-        opts = self.ctx.options
         self.local_copies: LocalRecoveryStore | None = None
         if opts.get("localRecovery", "true").lower() == "true":
             self.local_copies = LocalRecoveryStore(
                 Path(opts.get("localRecoveryDir") or default_root(self.ctx.host_dir)),
                 self.ctx.store_dir,
-                int(opts.get("localRecoveryVersions", DEFAULT_VERSIONS_KEPT)),
+                self._int_option("localRecoveryVersions", DEFAULT_VERSIONS_KEPT, minimum=1),
                 hook=self._fault_point,
             )
         self._db: rocksdict.Rdict | None = None
@@ -105,6 +174,25 @@ class RocksDBBackend(StateBackend):
         self._db_version: int | None = None  # the committed version the local DB holds exactly
         self._db_manifest_id: str | None = None  # None for version 0 (no manifest)
         self._db_num_keys = 0
+        # The snapshot manifest whose files (by local name) the local DB still holds: what a new
+        # snapshot of this DB may reuse instead of uploading. None for a DB of unknown descent.
+        self._ancestor: Manifest | None = None
+
+    def _int_option(self, name: str, default: int, *, minimum: int) -> int:
+        raw = self.ctx.options.get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise StoreConfigError(
+                f"{name}={raw!r} is not a whole number of at least {minimum}",
+                store=self.ctx.store_dir,
+                advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name}.",
+            )
+        return value
 
     # -- local DB --------------------------------------------------------------------------
     def _options(self, *, create: bool) -> rocksdict.Options:
@@ -114,6 +202,7 @@ class RocksDBBackend(StateBackend):
         opts.set_level_zero_slowdown_writes_trigger(max(20, self.l0_trigger * 3))
         opts.set_level_zero_stop_writes_trigger(max(36, self.l0_trigger * 5))
         opts.set_compression_type(rocksdict.DBCompressionType.lz4())
+        opts.set_max_manifest_file_size(MAX_ROCKSDB_MANIFEST_BYTES)
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(_block_cache())
         table.set_format_version(TABLE_FORMAT_VERSION)
@@ -132,7 +221,7 @@ class RocksDBBackend(StateBackend):
 
     def _open(self, db_dir: Path, version: int, manifest: Manifest | None) -> None:
         """Opens `db_dir` as the local DB of `version`. Only version 0 may start empty: a DB restored
-        from a manifest must exist, and must hold keys when the manifest says it does."""
+        for a manifest must exist, and must hold keys when the manifest says it does."""
         self._drop_db()
         try:
             db = rocksdict.Rdict(str(db_dir), self._options(create=manifest is None))
@@ -152,9 +241,12 @@ class RocksDBBackend(StateBackend):
                 file=manifest_path(version),
             )
         write_opts = rocksdict.WriteOptions()
-        write_opts.disable_wal = True  # every commit flushes; uncommitted writes need no log
+        write_opts.disable_wal = True  # commits ingest files; nothing is written through the WAL
         db.set_write_options(write_opts)
         self._db, self._db_dir = db, db_dir
+        self._set_db_version(version, manifest)
+
+    def _set_db_version(self, version: int, manifest: Manifest | None) -> None:
         self._db_version = version
         self._db_manifest_id = manifest.manifest_id if manifest else None
         self._db_num_keys = manifest.num_keys if manifest else 0
@@ -165,40 +257,103 @@ class RocksDBBackend(StateBackend):
         if self._db_dir is not None:
             shutil.rmtree(self._db_dir, ignore_errors=True)
         self._db = self._db_dir = self._db_version = self._db_manifest_id = None
+        self._ancestor = None
 
     def _fresh_dir(self, label: str) -> Path:
         d = self.work_dir / f"{label}-{uuid.uuid4().hex[:8]}"
         d.mkdir()
         return d
 
+    def _db_is(self, m: Manifest) -> bool:
+        return self._db is not None and self._db_version == m.version and self._db_manifest_id == m.manifest_id
+
+    # -- restoring -------------------------------------------------------------------------
     def _ensure_at(self, version: int) -> tuple[Manifest | None, dict[str, int]]:
-        """Makes the local DB hold exactly `version`; returns its manifest and what it cost."""
+        """Makes the local DB hold exactly `version`; returns its manifest and what it cost. The
+        state starts from the first of these found walking back from `version` along its chain: the
+        local DB itself, a verified local copy, a snapshot (the version's own manifest, or one
+        maintenance made; files from local copies when they match, else downloaded), or version 0;
+        the changes of the versions after it are then replayed."""
         if version == 0:
             if self._db_version != 0:
                 self._open(self._fresh_dir("db-0"), 0, None)
             return None, {}
-        manifest = self.read_manifest(version)
-        if self._db_version == version and self._db_manifest_id == manifest.manifest_id:
-            return manifest, {}
+        target = self.read_manifest(version)
+        if self._db_is(target):
+            return target, {}
         started = time.perf_counter()
-        db_dir = self._fresh_dir(f"db-{version}")
+        replay: list[Manifest] = []
+        restore = _Restore()
+        if self.local_copies is not None:
+            self.local_copies.drop_superseded(target.version, target.manifest_id)
+        for m in self.chain_back(target):
+            if self._db_is(m):
+                break  # the local DB is a version this chain passes through: replay the rest
+            copy = self.local_copies.verified_copy(m.version, m.manifest_id) if self.local_copies else None
+            if copy is not None:
+                self._restore_from_copy(m, copy, restore)
+                break
+            snapshot = m if not m.is_changelog else self.read_snapshot(m.version, m.manifest_id)
+            if snapshot is not None:
+                self._restore_snapshot(snapshot, restore)
+                break
+            replay.append(m)
+            if m.base_version == 0:
+                self._open(self._fresh_dir("db-0"), 0, None)
+                break
+        self._replay(list(reversed(replay)), restore)
+        if replay and target.num_keys > 0 and next(iter(self._db.keys()), None) is None:
+            self._drop_db()
+            raise CheckpointDamagedError(
+                f"the manifest says the version holds {target.num_keys} keys, but replaying its changes left none",
+                store=self.ctx.store_dir,
+                version=target.version,
+                file=manifest_path(target.version),
+            )
+        self._set_db_version(target.version, target)
+        restore.metrics.update(
+            restoreLocalFiles=restore.local_files,
+            restoreLocalBytes=restore.local_bytes,
+            restoreRemoteFiles=restore.remote.files,
+            restoreRemoteBytes=restore.remote.bytes,
+            restoreChangelogVersions=restore.replayed,
+            restoreChangelogBytes=restore.replayed_bytes,
+            restoreMs=_ms(started),
+        )
+        return target, restore.metrics
+
+    def _restore_snapshot(self, snapshot: Manifest, restore: _Restore) -> None:
+        db_dir = self._fresh_dir(f"db-{snapshot.version}")
         try:
-            local_files, local_bytes, stats = self._restore_files(manifest, db_dir)
-            self._open(db_dir, version, manifest)
+            local_files, local_bytes, stats = self._restore_files(snapshot, db_dir)
+            self._open(db_dir, snapshot.version, snapshot)
         except BaseException:
             shutil.rmtree(db_dir, ignore_errors=True)  # a failed restore leaves nothing behind
             raise
-        return manifest, {
-            "restoreLocalFiles": local_files,
-            "restoreLocalBytes": local_bytes,
-            "restoreRemoteFiles": stats.files,
-            "restoreRemoteBytes": stats.bytes,
-            "restoreMs": _ms(started),
-        }
+        self._ancestor = snapshot
+        restore.local_files += local_files
+        restore.local_bytes += local_bytes
+        restore.remote = stats
+
+    def _restore_from_copy(self, m: Manifest, copy: dict[str, Path], restore: _Restore) -> None:
+        db_dir = self._fresh_dir(f"db-{m.version}")
+        try:
+            for name, src in copy.items():
+                _link_or_copy(src, db_dir / name, link=name.endswith(".sst"))
+                restore.local_files += 1
+                restore.local_bytes += src.stat().st_size
+            self._open(db_dir, m.version, m)
+        except BaseException:
+            shutil.rmtree(db_dir, ignore_errors=True)
+            raise
+        # The copy's files carry the names of the lineage that wrote it: a snapshot of that version
+        # lists them; for a changelog version nothing says which snapshot's files they are.
+        self._ancestor = None if m.is_changelog else m
 
     def _restore_files(self, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
-        """Puts every file of `manifest` into `db_dir`: from local copies when they match, else
-        downloaded. Every logical name is checked to be a plain file name before it is used."""
+        """Puts every file of snapshot `manifest` into `db_dir`: stored inside the manifest, from
+        local copies when they match, else downloaded. Every logical name is checked to be a plain
+        file name before it is used."""
         version = manifest.version
         local_files, local_bytes = 0, 0
         missing: list[tuple[FileRef, str]] = []
@@ -206,6 +361,9 @@ class RocksDBBackend(StateBackend):
             self.local_copies.drop_superseded(version, manifest.manifest_id)
         for name, ref in {**manifest.shared, **manifest.private}.items():
             target = Path(local_file_in(db_dir, name, store=self.ctx.store_dir, version=version))
+            if ref.inline:
+                target.write_bytes(ref.content(store=self.ctx.store_dir, version=version, name=name))
+                continue
             found = (
                 self.local_copies.find(name, ref, version=version, manifest_id=manifest.manifest_id)
                 if self.local_copies
@@ -220,6 +378,44 @@ class RocksDBBackend(StateBackend):
         stats = download_all(self.remote, missing, db_dir, self.threads, version=version, hook=self._fault_point)
         return local_files, local_bytes, stats
 
+    def _replay(self, chain: list[Manifest], restore: _Restore) -> None:
+        """Applies the changes of `chain` (oldest first) to the local DB, which holds the version
+        before the first. On failure the local DB is dropped: it matches no version."""
+        try:
+            for m in chain:
+                assert m.changes is not None
+                data = self._changes_of(m)
+                change_file = self._write_change_file(changelog.read_segment(data), m.version)
+                self._fault_point("restore:replayed")
+                if change_file is not None:
+                    self._ingest(change_file)
+                restore.replayed += 1
+                restore.replayed_bytes += m.changes.ref.size
+        except changelog.SegmentFormatError as e:
+            self._drop_db()
+            raise CheckpointDamagedError(
+                f"the changes of version {m.version} are not a changelog segment ({e})",
+                store=self.ctx.store_dir,
+                version=m.version,
+                file=m.changes.ref.path or manifest_path(m.version),
+            ) from None
+        except BaseException:
+            self._drop_db()
+            raise
+
+    def _changes_of(self, m: Manifest) -> bytes:
+        """A changelog version's segment: from inside its manifest, or downloaded and verified."""
+        assert m.changes is not None
+        ref = m.changes.ref
+        if ref.inline:
+            return ref.content(store=self.ctx.store_dir, version=m.version, name="changes")
+        tmp = self._fresh_dir(f"changes-{m.version}")
+        try:
+            download_all(self.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=self._fault_point)
+            return (tmp / "segment").read_bytes()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     # -- reading ---------------------------------------------------------------------------
     def load(self, version: int, view_dir: str | None = None) -> LoadResult:
         """Makes the local DB hold `version` and leaves it as a read view at `view_dir` (a RocksDB
@@ -227,6 +423,9 @@ class RocksDBBackend(StateBackend):
         Without `view_dir` (Python callers) only the local DB is brought to `version`."""
         target = self._view_target(view_dir, version) if view_dir is not None else None
         _, cost = self._ensure_at(version)
+        return self._leave_view(target, cost)
+
+    def _leave_view(self, target: Path | None, cost: dict[str, int]) -> LoadResult:
         assert self._db is not None
         if target is not None:
             t = time.perf_counter()
@@ -234,18 +433,102 @@ class RocksDBBackend(StateBackend):
             cost = {**cost, "viewMs": _ms(t)}
         if "restoreMs" not in cost:
             source = "memory"
-        elif cost["restoreRemoteFiles"] == 0:
+        elif cost["restoreRemoteFiles"] == 0 and cost["restoreLocalFiles"] > 0:
             source = "local-copy"
+        elif cost["restoreLocalFiles"] == 0 and cost["restoreRemoteFiles"] == 0:
+            source = "changelog"
         else:
             source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
         return LoadResult(
             None,
             self._db_num_keys,
-            cost.get("restoreRemoteBytes", 0),
+            cost.get("restoreRemoteBytes", 0) + cost.get("restoreChangelogBytes", 0),
             source,
             cost,
             manifest_id=self._db_manifest_id or "",
         )
+
+    def replay(self, snapshot_version: int, end_version: int, view_dir: str | None = None) -> LoadResult:
+        """Spark's replayStateFromSnapshot: the state of `end_version` built from the snapshot of
+        `snapshot_version` (which must exist) and the changes after it, bypassing every shortcut
+        (local DB, local copies of later versions), e.g. to get around a damaged later snapshot."""
+        target = self._view_target(view_dir, end_version) if view_dir is not None else None
+        started = time.perf_counter()
+        end = self.read_manifest(end_version)
+        chain: list[Manifest] = []
+        base: Manifest | None = None
+        for m in self.chain_back(end):
+            if m.version == snapshot_version:
+                base = m if not m.is_changelog else self.read_snapshot(m.version, m.manifest_id)
+                break
+            chain.append(m)
+        if base is None:
+            raise self._no_snapshot(snapshot_version, end_version)
+        restore = _Restore()
+        self._restore_snapshot(base, restore)
+        self._replay(list(reversed(chain)), restore)
+        self._set_db_version(end.version, end)
+        cost = {
+            "restoreLocalFiles": restore.local_files,
+            "restoreLocalBytes": restore.local_bytes,
+            "restoreRemoteFiles": restore.remote.files,
+            "restoreRemoteBytes": restore.remote.bytes,
+            "restoreChangelogVersions": restore.replayed,
+            "restoreChangelogBytes": restore.replayed_bytes,
+            "restoreMs": _ms(started),
+        }
+        return self._leave_view(target, cost)
+
+    def _no_snapshot(self, snapshot_version: int, end_version: int) -> StoreConfigError:
+        have = self.snapshot_versions()
+        return StoreConfigError(
+            f"there is no snapshot of version {snapshot_version} to replay version {end_version} from "
+            f"(snapshots: {', '.join(map(str, have[-20:])) or 'none'})",
+            store=self.ctx.store_dir,
+            version=snapshot_version,
+            file=manifest_path(snapshot_version),
+            advice="Pick a snapshotStartBatchId whose version (batch id + 1) has a snapshot, or read without it.",
+        )
+
+    def snapshot_versions(self) -> list[int]:
+        """Versions that have a snapshot (their own manifest, or one maintenance made)."""
+        found = set()
+        for f in self.remote.list_files(MANIFEST_DIR):
+            v = version_of_manifest(f.path)
+            if v is not None:
+                try:
+                    if not self.read_manifest(v).is_changelog:
+                        found.add(v)
+                except (CheckpointDamagedError, StoreConfigError, OSError):
+                    continue
+        for f in self.remote.list_files(SNAPSHOT_DIR):
+            key = snapshot_of(f.path)
+            if key is not None:
+                found.add(key[0])
+        return sorted(found)
+
+    def changes(self, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The change feed: each version's changes (op, key, value), start to end inclusive."""
+        for v in range(start_version, end_version + 1):
+            m = self.read_manifest(v)
+            if not m.is_changelog:
+                raise StoreConfigError(
+                    f"version {v} was committed as a snapshot, which records no changes",
+                    store=self.ctx.store_dir,
+                    version=v,
+                    file=manifest_path(v),
+                    advice="The change feed needs changelog commits: read from a batch committed with "
+                    "spark.sql.streaming.stateStore.pystatestore.commitMode=changelog (the default).",
+                )
+            try:
+                yield from ((v, b) for b in changelog.read_segment(self._changes_of(m)))
+            except changelog.SegmentFormatError as e:
+                raise CheckpointDamagedError(
+                    f"the changes of version {v} are not a changelog segment ({e})",
+                    store=self.ctx.store_dir,
+                    version=v,
+                    file=m.changes.ref.path or manifest_path(v) if m.changes else manifest_path(v),
+                ) from None
 
     def _view_target(self, view_dir: str | None, version: int) -> Path:
         """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
@@ -294,51 +577,57 @@ class RocksDBBackend(StateBackend):
         )
         base, load_cost = self._ensure_at(base_version)
         self.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
-        db = self._db
-        assert db is not None
+        assert self._db is not None
         # From here on the local DB no longer equals any manifest until this commit succeeds.
         self._db_version = self._db_manifest_id = None
         metrics: dict[str, int] = {**load_cost}
+        segment_path = self.work_dir / f"segment-{version}-{uuid.uuid4().hex[:8]}" if self.mode == "changelog" else None
 
         t = time.perf_counter()
-        change_file = self._write_change_file(changes, version)
+        segment = changelog.SegmentWriter(segment_path) if segment_path is not None else None
+        try:
+            batches = frames.change_batches(frames.sorted_by_key(changes), APPLY_CHUNK_ROWS)
+            change_file = self._write_change_file(batches, version, also=segment)
+            rows = segment.close() if segment is not None else 0
+        except BaseException:
+            if segment is not None:
+                segment.abort()
+            if segment_path is not None:
+                segment_path.unlink(missing_ok=True)
+            raise
         metrics["applyMs"] = _ms(t)
         self._fault_point("commit:applied")
 
         t = time.perf_counter()
         if change_file is not None:
-            ingest = rocksdict.IngestExternalFileOptions()
-            ingest.set_move_files(True)
-            db.ingest_external_file([str(change_file)], ingest)
+            self._ingest(change_file)
         metrics["flushMs"] = _ms(t)
         self._fault_point("commit:flushed")
 
         published = False
         try:
             t = time.perf_counter()
-            rocksdict.Checkpoint(db).create_checkpoint(str(checkpoint_dir))
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(checkpoint_dir))
             metrics["checkpointMs"] = _ms(t)
             self._fault_point("commit:checkpointed")
             with self.commit_attempt(version) as lease:
                 t = time.perf_counter()
-                shared, private, to_upload = self._plan_files(checkpoint_dir, base, version, lease.token)
-                try:
-                    uploaded = upload_all(
-                        self.remote,
-                        [(checkpoint_dir / name, rel) for name, rel in to_upload],
-                        self.threads,
-                        hook=self._fault_point,
+                if segment_path is not None:
+                    changes_ref, uploaded = self._store_changes(segment_path, rows, version, lease.token)
+                    manifest = self.new_changelog_manifest(
+                        version,
+                        num_keys,
+                        attempt_id,
+                        parent_manifest_id=base.manifest_id if base else "",
+                        changes=changes_ref,
                     )
-                except OSError:
-                    lease.check_before_publish()  # a stalled attempt's files may be gone: say so
-                    raise
-                for (name, _), ref in zip(to_upload, uploaded, strict=True):
-                    (shared if ref.path.startswith("shared/") else private)[name] = ref
+                else:
+                    manifest, uploaded = self._snapshot_of(
+                        checkpoint_dir, version, num_keys, attempt_id, lease.token, self._reusable_for(base)
+                    )
                 metrics["uploadMs"] = _ms(t)
                 self._fault_point("commit:uploaded")
-
                 t = time.perf_counter()
-                manifest = self.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
                 body = manifest.to_json()
                 lease.check_before_publish()
                 self.remote.publish(manifest_path(version), body)  # the commit point
@@ -346,18 +635,26 @@ class RocksDBBackend(StateBackend):
                 metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
             if self.local_copies is not None:
-                saved = self.local_copies.save(version, manifest.manifest_id, checkpoint_dir)
+                known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
+                saved = self.local_copies.save(version, manifest.manifest_id, checkpoint_dir, known)
                 metrics["localCopySaved"] = int(saved.kept)
                 metrics["localCopyBytesCopied"] = saved.bytes_copied
         finally:
+            if segment_path is not None:
+                segment_path.unlink(missing_ok=True)
             if view_dir is None or not published:
                 shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a view only for a published version
-        self._db_version, self._db_manifest_id, self._db_num_keys = version, manifest.manifest_id, num_keys
+        self._set_db_version(version, manifest)
+        if not manifest.is_changelog:
+            self._ancestor = manifest
         bytes_uploaded = sum(r.size for r in uploaded)
+        refs = manifest.shared | manifest.private
         metrics.update(
             filesUploaded=len(uploaded),
-            filesReused=len(shared) + len(private) - len(uploaded),
+            filesReused=sum(1 for r in refs.values() if not r.inline) - len(uploaded),
+            filesInline=sum(1 for r in refs.values() if r.inline),
             bytesUploaded=bytes_uploaded,
+            changelogRows=manifest.changes.rows if manifest.changes else 0,
         )
         return CommitResult(
             version,
@@ -369,16 +666,36 @@ class RocksDBBackend(StateBackend):
             manifest_id=manifest.manifest_id,
         )
 
-    def _write_change_file(self, changes: frames.Changes, version: int) -> Path | None:
-        """Writes the version's changes as one SST file (puts, and deletes as tombstones), to be
-        ingested into the local DB: no memtable to fill and no flush, so a large commit costs the
-        worker a data block of memory, not the whole batch. The JVM sends frames sorted by key (a
-        table from a Python caller is sorted here); the frame is read in slices, so the Python
-        objects of a large commit never all exist at once. None when there are no changes."""
+    def _store_changes(self, segment: Path, rows: int, version: int, token: str) -> tuple[ChangesRef, list[FileRef]]:
+        """The version's changes inside the manifest when small, else uploaded under changelog/."""
+        size = segment.stat().st_size
+        if size <= self.inline_bytes:
+            return ChangesRef(rows, FileRef.inline_of(segment.read_bytes())), []
+        ref = upload_file(self.remote, segment, f"changelog/{version}-{token}.changes")
+        self._fault_point("upload:file")
+        return ChangesRef(rows, ref), [ref]
+
+    def _ingest(self, change_file: Path) -> None:
+        assert self._db is not None
+        ingest = rocksdict.IngestExternalFileOptions()
+        ingest.set_move_files(True)
+        self._db.ingest_external_file([str(change_file)], ingest)
+
+    def _write_change_file(
+        self, batches: Any, version: int, *, also: changelog.SegmentWriter | None = None
+    ) -> Path | None:
+        """Writes a version's changes (batches in key order) as one SST file (puts, and deletes as
+        tombstones), to be ingested into the local DB: no memtable to fill and no flush, so a large
+        commit costs the worker a data block of memory, not the whole batch. Each batch also goes to
+        `also` (the changelog segment). None when there are no changes."""
         path = self.work_dir / f"changes-{version}-{uuid.uuid4().hex[:8]}.sst"
         writer: rocksdict.SstFileWriter | None = None
         try:
-            for chunk in frames.change_batches(frames.sorted_by_key(changes), APPLY_CHUNK_ROWS):
+            for chunk in batches:
+                if not chunk.num_rows:
+                    continue
+                if also is not None:
+                    also.write(chunk)
                 if writer is None:
                     writer = rocksdict.SstFileWriter(self._options(create=True))
                     writer.open(str(path))
@@ -416,26 +733,141 @@ class RocksDBBackend(StateBackend):
             "release for both.",
         )
 
-    def _plan_files(
-        self, checkpoint_dir: Path, base: Manifest | None, version: int, token: str
-    ) -> tuple[dict[str, FileRef], dict[str, FileRef], list[tuple[str, str]]]:
-        """Splits the checkpoint into reused SSTs (placeholders) and files to upload. New files carry
-        the attempt's token in their path (see leases.py)."""
+    # -- snapshots -------------------------------------------------------------------------
+    def _reusable_for(self, base: Manifest | None) -> Manifest | None:
+        """The snapshot whose files a new snapshot on `base` may reuse: the local DB's ancestor, if
+        it is the snapshot `base`'s chain starts from (garbage collection keeps that one)."""
+        if base is None or self._ancestor is None:
+            return None
+        for m in self.chain_back(base):
+            if not m.is_changelog:
+                resolved = m
+            else:
+                resolved = self.read_snapshot(m.version, m.manifest_id)
+                if resolved is None:
+                    continue
+            same = resolved.version == self._ancestor.version and resolved.manifest_id == self._ancestor.manifest_id
+            return self._ancestor if same else None
+        return None
+
+    def _snapshot_of(
+        self,
+        checkpoint_dir: Path,
+        version: int,
+        num_keys: int,
+        attempt_id: str,
+        token: str,
+        reuse_from: Manifest | None,
+        like: Manifest | None = None,
+    ) -> tuple[Manifest, list[FileRef]]:
+        """A snapshot manifest of the checkpoint: SSTs and other files `reuse_from` holds with the
+        same size (SSTs, by name) or content (others, e.g. OPTIONS) are reused; other small files are
+        stored inside the manifest; the rest is uploaded under this attempt's token. `like` gives
+        the identity (manifest id, attempt) of the changelog version being materialized."""
         shared: dict[str, FileRef] = {}
         private: dict[str, FileRef] = {}
         to_upload: list[tuple[str, str]] = []
+        reusable = {**reuse_from.shared, **reuse_from.private} if reuse_from else {}
+        by_content = {(r.size, r.checksum): r for n, r in reusable.items() if not n.endswith(".sst") and not r.inline}
         private_dir = f"private/{version}-{token}"
         for name in sorted(os.listdir(checkpoint_dir)):
-            size = (checkpoint_dir / name).stat().st_size
+            path = checkpoint_dir / name
+            size = path.stat().st_size
             if name.endswith(".sst"):
-                previous = base.shared.get(name) if base else None
-                if previous is not None and previous.size == size:
-                    shared[name] = previous  # uploaded by an earlier version, listed by the confirmed base
+                previous = reusable.get(name)
+                if previous is not None and previous.size == size and not previous.inline:
+                    shared[name] = previous
                 else:
                     to_upload.append((name, f"shared/{token}-{name}"))
+                continue
+            if name.startswith("OPTIONS"):
+                # The same every version: stored once, shared, and reused by content.
+                same = by_content.get((size, FileRef.inline_of(path.read_bytes()).checksum))
+                if same is not None:
+                    shared[name] = same
+                else:
+                    to_upload.append((name, f"shared/{token}-{name}"))
+            elif size <= self.inline_bytes:
+                private[name] = FileRef.inline_of(path.read_bytes())
             else:
                 to_upload.append((name, f"{private_dir}/{name}"))
-        return shared, private, to_upload
+        if reuse_from is not None and reuse_from.version != version - 1:
+            # An older snapshot than the base: garbage collection keeps it only a grace period after
+            # a newer one appears, so make sure its files are still there before relying on them.
+            gone = sorted(r.path for n, r in shared.items() if n in reusable and not self.remote.exists(r.path))
+            if gone:
+                log.warning(
+                    "store %s: files of snapshot %d are gone (%s); version %d uploads its own",
+                    self.ctx.store_dir,
+                    reuse_from.version,
+                    ", ".join(gone[:3]),
+                    version,
+                )
+                self._ancestor = None
+                return self._snapshot_of(checkpoint_dir, version, num_keys, attempt_id, token, None, like)
+        uploaded = upload_all(
+            self.remote, [(checkpoint_dir / name, rel) for name, rel in to_upload], self.threads, hook=self._fault_point
+        )
+        for (name, _), ref in zip(to_upload, uploaded, strict=True):
+            (shared if ref.path.startswith("shared/") else private)[name] = ref
+        manifest = self.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
+        if like is not None:
+            manifest = replace(manifest, manifest_id=like.manifest_id, attempt_id=like.attempt_id, kind=KIND_SNAPSHOT)
+        return manifest, uploaded
+
+    def prepare_materialization(self) -> Materialization | None:
+        """Under the store's lock: if the newest version is a changelog version the local DB holds
+        and the chain since the last snapshot is long (minDeltasForSnapshot) or large, a checkpoint
+        of it (hard links) to make its snapshot from. Nothing is uploaded here."""
+        if self.mode != "changelog" or self._db is None or not self._db_version or self._db_dir is None:
+            return None
+        newest = max((v for f in self.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
+        if newest != self._db_version:
+            return None
+        m = self.read_manifest(newest)
+        if not m.is_changelog or not self._db_is(m):
+            return None
+        deltas, size = 0, 0
+        for c in self.chain_back(m):
+            if not c.is_changelog or self.remote.exists(snapshot_path(c.version, c.manifest_id)):
+                break
+            deltas += 1
+            size += c.changes.ref.size if c.changes else 0
+        if deltas < self.ctx.min_deltas_for_snapshot and size < self.changelog_max_bytes:
+            return None
+        reuse_from = self._reusable_for(m)
+        checkpoint_dir = self.work_dir / f"materialize-{m.version}-{uuid.uuid4().hex[:8]}"
+        rocksdict.Checkpoint(self._db).create_checkpoint(str(checkpoint_dir))
+        return Materialization(m, checkpoint_dir, reuse_from, self._db_dir)
+
+    def finish_materialization(self, job: Materialization) -> None:
+        """Without the store's lock: uploads the snapshot and publishes snapshots/<v>-<id>.json."""
+        t = time.perf_counter()
+        try:
+            m = job.manifest
+            with self.commit_attempt(m.version) as lease:
+                snapshot, uploaded = self._snapshot_of(
+                    job.checkpoint_dir, m.version, m.num_keys, m.attempt_id, lease.token, job.reuse_from, like=m
+                )
+                self._fault_point("materialize:uploaded")
+                lease.check_before_publish()
+                self.remote.publish(snapshot_path(m.version, m.manifest_id), snapshot.to_json())
+            self._fault_point("materialize:published")
+            job.snapshot = snapshot
+            job.metrics = {
+                "materializedVersion": m.version,
+                "materializeFilesUploaded": len(uploaded),
+                "materializeBytesUploaded": sum(r.size for r in uploaded),
+                "materializeMs": _ms(t),
+            }
+        finally:
+            shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+
+    def complete_materialization(self, job: Materialization) -> None:
+        """Under the store's lock again: the new snapshot becomes the local DB's ancestor if the DB
+        is the one it was made from (its files are still there under the same names)."""
+        if job.snapshot is not None and self._db_dir == job.db_dir:
+            self._ancestor = job.snapshot
 
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
         report = super().maintenance(now)

@@ -1,0 +1,140 @@
+"""Changelog segments: one version's changes as a changelog commit stores them (DESIGN §3).
+
+A segment is the change frame the JVM sent (op, key, value; sorted by key for the rocksdb backend)
+in a compact columnar form, compressed with zstd: per chunk of rows, the ops, the key offsets and
+bytes, the value offsets, validity and bytes. Arrow IPC would carry ~500 bytes of schema and
+message metadata, more than the rows of a typical small commit; this carries a few bytes per chunk.
+Segments are written and read chunk by chunk, so neither side holds a large commit whole.
+
+    magic | chunk* | u32 0          chunk = u32 rows | ops | key offsets | keys | value offsets |
+                                            value validity | values      (offsets: u32 LE, rows+1)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .frames import CHANGES_SCHEMA
+
+MAGIC = b"PSSCHG1\n"
+CODEC = "zstd"
+_U32 = struct.Struct("<I")
+
+
+class SegmentFormatError(ValueError):
+    """The bytes are not a changelog segment (damaged, truncated or something else)."""
+
+
+def _binary_parts(arr: pa.Array) -> tuple[bytes, bytes]:
+    """Offsets (from 0, u32 LE, len+1) and bytes of a binary array, whatever its slice offset."""
+    n = len(arr)
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = buffers[2].to_pybytes()[start:end] if buffers[2] is not None and end > start else b""
+    return (offsets - start).astype("<u4").tobytes(), data
+
+
+def encode_chunk(batch: pa.RecordBatch) -> bytes:
+    n = batch.num_rows
+    ops = batch.column(0).to_numpy(zero_copy_only=False).astype(np.uint8).tobytes()
+    key_offsets, keys = _binary_parts(batch.column(1))
+    value_col = batch.column(2)
+    value_offsets, values = _binary_parts(value_col)
+    valid = value_col.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8).tobytes()
+    return b"".join([_U32.pack(n), ops, key_offsets, keys, value_offsets, valid, values])
+
+
+class SegmentWriter:
+    """Writes a segment to `path` chunk by chunk; `close()` returns the number of rows."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = pa.OSFile(str(path), "wb")
+        self._out = pa.CompressedOutputStream(self._file, CODEC)
+        self._out.write(MAGIC)
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self._out.write(encode_chunk(batch))
+            self.rows += batch.num_rows
+
+    def close(self) -> int:
+        self._out.write(_U32.pack(0))
+        self._out.close()  # also closes the file
+        return self.rows
+
+    def abort(self) -> None:
+        try:
+            self._out.close()
+        except (OSError, pa.ArrowException):
+            pass
+
+
+def write_segment(path: Path, batches: Iterable[pa.RecordBatch]) -> int:
+    writer = SegmentWriter(path)
+    try:
+        for batch in batches:
+            writer.write(batch)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
+
+
+def _read_exact(stream: pa.NativeFile, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise SegmentFormatError(f"truncated: wanted {n} bytes, got {len(data)}")
+    return data
+
+
+def _offsets(stream: pa.NativeFile, n: int) -> tuple[bytes, int]:
+    raw = _read_exact(stream, 4 * (n + 1))
+    offsets = np.frombuffer(raw, dtype="<u4")
+    if offsets[0] != 0 or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        raise SegmentFormatError("offsets out of order")
+    return raw, int(offsets[-1])
+
+
+def read_segment(source: bytes | Path) -> Iterator[pa.RecordBatch]:
+    """The segment's chunks as change-frame batches (CHANGES_SCHEMA), in the order written."""
+    raw = pa.py_buffer(source) if isinstance(source, (bytes, bytearray, memoryview)) else pa.OSFile(str(source), "rb")
+    try:
+        stream = pa.CompressedInputStream(raw if isinstance(raw, pa.NativeFile) else pa.BufferReader(raw), CODEC)
+        if stream.read(len(MAGIC)) != MAGIC:
+            raise SegmentFormatError("not a pystatestore changelog segment")
+        while True:
+            (n,) = _U32.unpack(_read_exact(stream, 4))
+            if n == 0:
+                return
+            ops = np.frombuffer(_read_exact(stream, n), dtype=np.int8)
+            key_offsets, key_len = _offsets(stream, n)
+            keys = _read_exact(stream, key_len)
+            value_offsets, value_len = _offsets(stream, n)
+            valid = np.frombuffer(_read_exact(stream, n), dtype=np.uint8).astype(bool)
+            values = _read_exact(stream, value_len)
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+            yield pa.record_batch(
+                [
+                    pa.array(ops, pa.int8()),
+                    pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(key_offsets), pa.py_buffer(keys)]),
+                    pa.Array.from_buffers(
+                        pa.binary(),
+                        n,
+                        [bitmap, pa.py_buffer(value_offsets), pa.py_buffer(values)],
+                        null_count=int(n - valid.sum()),
+                    ),
+                ],
+                schema=CHANGES_SCHEMA,
+            )
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SegmentFormatError(f"unreadable ({e})") from None
+    finally:
+        if isinstance(raw, pa.NativeFile):
+            raw.close()
