@@ -27,14 +27,15 @@ def foreign_release(root: Path) -> Path:
     return root
 
 
-# rocksdb: committed versions read through RocksDB views in the JVM; memory: the heap near-cache.
-BACKENDS = ["rocksdb", "memory"]
+# rocksdb: committed versions read through RocksDB views in the JVM, committed as changelogs (the
+# default) or as snapshots; memory: the heap near-cache.
+BACKENDS = ["rocksdb", "rocksdb:snapshot", "memory"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
-    work = tmp_path_factory.mktemp(f"contract-{request.param}")
+    work = tmp_path_factory.mktemp(f"contract-{request.param.replace(':', '-')}")
     stall = [
         {"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1},
         {"store": "severed-store", "point": "commit:uploaded", "action": "sever", "times": 1},

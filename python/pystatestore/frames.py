@@ -11,6 +11,9 @@ OP_PUT = 1
 OP_DELETE = 2
 STATE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 CHANGES_SCHEMA = pa.schema([("op", pa.int8()), ("key", pa.binary()), ("value", pa.binary())])
+CHANGE_FEED_SCHEMA = pa.schema(
+    [("version", pa.int64()), ("op", pa.int8()), ("key", pa.binary()), ("value", pa.binary())]
+)
 _BATCH_ROWS = 65536
 
 
@@ -57,6 +60,12 @@ def apply_changes(state: dict[bytes, bytes], changes: Changes) -> None:
                 state.pop(key, None)
             else:
                 raise ValueError(f"unknown op {op} in change frame")
+
+
+def change_feed_batch(version: int, changes: pa.RecordBatch) -> pa.RecordBatch:
+    """One version's changes (op, key, value) as a batch of the change feed frame."""
+    versions = pa.array([version] * changes.num_rows, pa.int64())
+    return pa.record_batch([versions, *changes.columns], schema=CHANGE_FEED_SCHEMA)
 
 
 def state_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:

@@ -18,14 +18,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
+
 from . import __version__, faults, frames
-from .backends import BACKENDS, DEFAULT_BACKEND, StateBackend, StoreContext
+from .backends import BACKENDS, DEFAULT_BACKEND, LoadResult, StateBackend, StoreContext
 from .errors import StateStoreError, StoreConfigError
 from .leases import validate_grace
 from .manifest import KEY_ENCODING_RAW
 from .remote import RemoteStore
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
@@ -50,7 +52,18 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
         key_encoding=str(desc.get("keyEncoding", KEY_ENCODING_RAW)),
         views_dir=str(desc.get("viewsDir", "")),
         host_dir=str(desc.get("hostDir", "")),
+        min_deltas_for_snapshot=_positive_int(desc.get("minDeltasForSnapshot", 10), "minDeltasForSnapshot", store),
     )
+
+
+def _positive_int(value: Any, name: str, store: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise StoreConfigError(f"{name}={value!r} is not a positive whole number", store=store)
+    return n
 
 
 _libc: Any = None
@@ -180,15 +193,7 @@ class StoreService:
                 result = backend.load(int(version), view_dir or None)
             if result.frame is not None:
                 frames.write_buffer(out_path, result.frame)
-            return {
-                "workerRssBytes": worker_rss_bytes(),
-                "manifestId": result.manifest_id,
-                "numKeys": result.num_keys,
-                "bytes": result.bytes_read,
-                "source": result.source,
-                "loadMs": _ms(started),
-                **result.metrics,
-            }
+            return _load_reply(result, started)
 
         return _reply(run)
 
@@ -233,9 +238,67 @@ class StoreService:
         return _reply(run)
 
     def maintenance(self, handle: str) -> str:
+        """A snapshot if one is due, then garbage collection. The snapshot is set up (hard links) under
+        the store's lock but uploaded without it, so the store's commits never wait for an upload."""
+
         def run() -> dict[str, Any]:
-            with self._store(handle).locked("maintenance", handle) as backend:
-                return backend.maintenance()
+            store = self._store(handle)
+            with store.locked("maintenance (preparing a snapshot)", handle) as backend:
+                job = backend.prepare_materialization()
+            report: dict[str, Any] = {}
+            if job is not None:
+                try:
+                    backend.finish_materialization(job)
+                except (StateStoreError, OSError) as e:
+                    # The chain stays as it is (restores replay a little more); collecting garbage
+                    # must not wait on storage that refused an upload.
+                    log.warning("store %s: making a snapshot failed, will retry: %s", handle, e)
+                    report["materializeError"] = str(e)
+                finally:
+                    with store.locked("maintenance (recording a snapshot)", handle):
+                        backend.complete_materialization(job)
+                report.update(getattr(job, "metrics", {}))
+            with store.locked("maintenance", handle) as backend:
+                report.update(backend.maintenance())
+            return report
+
+        return _reply(run)
+
+    def changes(self, handle: str, start_version: int, end_version: int, out_path: str) -> str:
+        """Writes the change feed of versions start..end (inclusive) to `out_path` as an Arrow
+        stream (version int64, op int8, key binary, value binary), version by version."""
+
+        def run() -> dict[str, Any]:
+            start, end = int(start_version), int(end_version)
+            if start < 1 or end < start:
+                raise StoreConfigError(
+                    f"changes of versions {start} to {end}: the range must start at 1 or later and not end before "
+                    "it starts",
+                    store=handle,
+                    advice="Check changeStartBatchId and changeEndBatchId (batch ids start at 0).",
+                )
+            rows = 0
+            with (
+                self._store(handle).locked(f"change feed of versions {start}-{end}", handle) as backend,
+                pa.OSFile(out_path, "wb") as sink,
+                pa.ipc.new_stream(sink, frames.CHANGE_FEED_SCHEMA) as writer,
+            ):
+                for version, batch in backend.changes(start, end):
+                    writer.write_batch(frames.change_feed_batch(version, batch))
+                    rows += batch.num_rows
+            return {"rows": rows}
+
+        return _reply(run)
+
+    def replay(self, handle: str, snapshot_version: int, end_version: int, view_dir: str) -> str:
+        """Leaves a read view of `end_version` rebuilt from the snapshot of `snapshot_version`."""
+
+        def run() -> dict[str, Any]:
+            started = time.perf_counter()
+            what = f"replay of version {end_version} from snapshot {snapshot_version}"
+            with self._store(handle).locked(what, handle) as backend:
+                result = backend.replay(int(snapshot_version), int(end_version), view_dir or None)
+            return _load_reply(result, started)
 
         return _reply(run)
 
@@ -291,6 +354,19 @@ def _close_when_idle(store: _Store) -> None:
             store.backend.close()
 
     threading.Thread(target=close, name="close-replaced-store", daemon=True).start()
+
+
+def _load_reply(result: LoadResult, started: float) -> dict[str, Any]:
+    """What the JVM hears of a version made readable (load, replay)."""
+    return {
+        "workerRssBytes": worker_rss_bytes(),
+        "manifestId": result.manifest_id,
+        "numKeys": result.num_keys,
+        "bytes": result.bytes_read,
+        "source": result.source,
+        "loadMs": _ms(started),
+        **result.metrics,
+    }
 
 
 def _ms(started: float) -> int:

@@ -38,6 +38,10 @@ object ContractSuite {
   private var pythonExec: String = _
   private var pythonPath: String = _
   private var backend: String = "rocksdb"
+  /** The rocksdb backend's commit mode ("" leaves the default). */
+  private var commitMode: String = ""
+  /** Whether versions are committed as changelogs (the rocksdb backend's default mode). */
+  def changelogCommits: Boolean = backend == "rocksdb" && commitMode != "snapshot"
 
   // Projections reuse one output buffer and are not thread-safe; scenarios use several threads.
   def key(s: String, i: Int = 0): UnsafeRow =
@@ -68,6 +72,7 @@ object ContractSuite {
     c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonExec", pythonExec)
     c.setConfString("spark.sql.streaming.stateStore.pystatestore.pythonPath", pythonPath)
     c.setConfString("spark.sql.streaming.stateStore.pystatestore.backend", backend)
+    if (commitMode.nonEmpty) c.setConfString("spark.sql.streaming.stateStore.pystatestore.commitMode", commitMode)
     extra.foreach { case (k, v) => c.setConfString(k, v) }
     c
   }
@@ -304,11 +309,23 @@ object ContractSuite {
 
   scenario("maintenance_applies_min_batches_to_retain") {
     val dir = newDir()
-    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
+      "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
     val p = provider(dir, conf = conf)
-    (1 to 10).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
+    def manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+    if (changelogCommits) {
+      // Maintenance (as Spark's thread runs it between batches) makes a snapshot every 2 versions.
+      // While the newest snapshot of a retained version's chain is younger than the grace period,
+      // the chain back to the one before it stays, for restores that were walking it.
+      (1 to 10).foreach { v => commitVersion(p, v - 1, Map(s"k$v" -> v)); p.doMaintenance() }
+      check(manifests == Seq("10.json", "6.json", "7.json", "8.json", "9.json"),
+        s"manifests after maintenance within the grace period: $manifests")
+      Thread.sleep(10500)
+    } else {
+      (1 to 10).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
+    }
     p.doMaintenance()
-    val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
     check(manifests == Seq("10.json", "8.json", "9.json"), s"manifests after maintenance: $manifests")
     val fresh = provider(dir, conf = conf)
     check(contents(fresh.getStore(8)).size == 8, "retained version 8 loads")
@@ -319,7 +336,9 @@ object ContractSuite {
 
   scenario("a_provider_that_only_reads_never_deletes") {
     val dir = newDir()
-    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    // Snapshot commits: every version stands alone, so retention can drop all but the newest three.
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
+      "spark.sql.streaming.stateStore.pystatestore.commitMode" -> "snapshot")
     val writer = provider(dir, conf = conf)
     (1 to 6).foreach(v => commitVersion(writer, v - 1, Map(s"k$v" -> v)))
     val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests")
@@ -472,7 +491,9 @@ object ContractSuite {
 
   scenario("maintenance_concurrent_with_commits_loses_nothing") {
     val dir = newDir()
-    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2")
+    val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
+      "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
     val writer = provider(dir, conf = conf)
     val gc = provider(dir, conf = conf) // another instance that also wrote, so its maintenance deletes
     commitVersion(gc, 0, Map("seed" -> 0))
@@ -487,6 +508,8 @@ object ContractSuite {
     val runs = maintenance.get(60, TimeUnit.SECONDS)
     pool.shutdownNow()
     check(runs > 3, s"maintenance ran only $runs times")
+    writer.doMaintenance() // a snapshot of version 25, if the loop made none
+    if (changelogCommits) Thread.sleep(10500) // the chains older snapshots start go once the newer ones settle
     writer.doMaintenance()
     val fresh = provider(dir, conf = conf)
     for (v <- 23 to 25) {
@@ -494,7 +517,10 @@ object ContractSuite {
       check(contents(fresh.getStore(v)) == expected, s"version $v after concurrent GC: ${contents(fresh.getStore(v))}")
     }
     val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
-    check(manifests == Seq("23.json", "24.json", "25.json"), s"retention applied: $manifests")
+    // With changelog commits the retained versions' chains may start one snapshot interval earlier.
+    val oldestNeeded = if (changelogCommits) 21 else 23
+    val versions = manifests.map(_.stripSuffix(".json").toInt).sorted
+    check(versions.takeRight(3) == Seq(23, 24, 25) && versions.head >= oldestNeeded, s"retention applied: $manifests")
     writer.close(); gc.close(); fresh.close()
   }
 
@@ -625,7 +651,7 @@ object ContractSuite {
   scenario("reads_survive_pruning_maintenance_and_local_copy_cleanup") {
     val dir = newDir()
     val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "1", conf_ + "localRecoveryVersions" -> "1",
-      "spark.sql.streaming.maxBatchesToRetainInMemory" -> "1")
+      "spark.sql.streaming.maxBatchesToRetainInMemory" -> "1", "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2")
     val p = provider(dir, conf = conf)
     val first = (1 to 500).map(i => s"k$i" -> i).toMap
     val others = viewDirsOf(1).toSet ++ (2 to 12).flatMap(v => viewDirsOf(v)) // of other scenarios
@@ -730,7 +756,9 @@ object ContractSuite {
     workDir = new File(args(0)).toPath
     pythonExec = args(1)
     pythonPath = args(2)
-    backend = args(3)
+    // "rocksdb", "memory", or a backend and its commit mode: "rocksdb:snapshot"
+    backend = args(3).split(":")(0)
+    commitMode = args(3).split(":").lift(1).getOrElse("")
     val only = args.drop(4).toSet
     Files.createDirectories(workDir)
     val spark = SparkSession.builder().master("local[2]").appName("pystatestore-contract")

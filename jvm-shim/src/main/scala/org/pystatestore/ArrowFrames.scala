@@ -86,6 +86,47 @@ object ArrowFrames {
     }
   }
 
+  /** One row of a change feed frame; `value` is null for deletes. */
+  final case class FeedRow(version: Long, op: Byte, key: Array[Byte], value: Array[Byte])
+
+  /**
+   * The rows of a change feed frame (version, op, key, value), read a batch at a time. `close()`
+   * frees the reader; the caller deletes the file.
+   */
+  final class ChangeFeedReader(file: File) extends Iterator[FeedRow] with AutoCloseable {
+    private val in = new FileInputStream(file)
+    private val reader = new ArrowStreamReader(in, allocator)
+    private val root = reader.getVectorSchemaRoot
+    private var row = 0
+    private var rows = 0
+    private var finished = false
+
+    override def hasNext: Boolean = {
+      while (!finished && row >= rows) {
+        if (reader.loadNextBatch()) { row = 0; rows = root.getRowCount }
+        else finished = true
+      }
+      !finished
+    }
+
+    override def next(): FeedRow = {
+      if (!hasNext) throw new NoSuchElementException("end of the change feed")
+      val versions = root.getVector("version").asInstanceOf[org.apache.arrow.vector.BigIntVector]
+      val ops = root.getVector("op").asInstanceOf[TinyIntVector]
+      val keys = root.getVector("key").asInstanceOf[VarBinaryVector]
+      val values = root.getVector("value").asInstanceOf[VarBinaryVector]
+      val out = FeedRow(versions.get(row), ops.get(row), keys.get(row),
+        if (values.isNull(row)) null else values.get(row))
+      row += 1
+      out
+    }
+
+    override def close(): Unit = {
+      finished = true
+      try reader.close() finally in.close()
+    }
+  }
+
   /** Streams (key, value) pairs of a state frame to `consume`; returns the pair count. */
   def readState(file: File)(consume: (Array[Byte], Array[Byte]) => Unit): Long = {
     val in = new FileInputStream(file)

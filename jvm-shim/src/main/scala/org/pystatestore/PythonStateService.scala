@@ -43,6 +43,19 @@ trait PythonStateService {
   /** Applies retention and removes files no retained version needs. */
   def maintenance(handle: String): String
 
+  /**
+   * Writes the changes of versions `startVersion` to `endVersion` (inclusive) to `outPath` as an
+   * Arrow IPC stream (version int64, op int8, key binary, value binary; value null for deletes),
+   * version by version. Returns `{"rows"}`. Spark's change feed (readChangeFeed).
+   */
+  def changes(handle: String, startVersion: Long, endVersion: Long, outPath: String): String
+
+  /**
+   * Leaves a read view of `endVersion` at `viewDir`, rebuilt from the snapshot of
+   * `snapshotVersion` and the changes after it (Spark's snapshotStartBatchId). Replies like `load`.
+   */
+  def replay(handle: String, snapshotVersion: Long, endVersion: Long, viewDir: String): String
+
   /** Forgets the store's in-memory state (its files stay). */
   def closeStore(handle: String): String
 }

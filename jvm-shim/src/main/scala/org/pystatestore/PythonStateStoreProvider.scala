@@ -16,7 +16,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.execution.streaming.state.pystatestore.SparkInternals
+import org.apache.spark.sql.execution.streaming.state.pystatestore.{ChangeFeedSupport, SparkInternals}
 import org.apache.spark.sql.types.StructType
 
 /**
@@ -26,7 +26,7 @@ import org.apache.spark.sql.types.StructType
  * calls never leave the JVM; loads, commits and maintenance go to the per-JVM Python worker, which
  * owns durability.
  */
-class PythonStateStoreProvider extends StateStoreProvider with Logging {
+class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport with Logging {
   import PythonStateStoreProvider._
 
   @volatile private var storeIdValue: StateStoreId = _
@@ -133,6 +133,7 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       "keySchema" -> JString(keySchema.json),
       "valueSchema" -> JString(valueSchema.json),
       "minVersionsToRetain" -> JInt(storeConf.minVersionsToRetain),
+      "minDeltasForSnapshot" -> JInt(storeConf.minDeltasForSnapshot),
       "localDir" -> JString(StateWorker.localStateDir.getAbsolutePath),
       "viewsDir" -> JString(StateWorker.viewsDir.getAbsolutePath),
       "hostDir" -> JString(StateWorker.hostDir.getAbsolutePath),
@@ -162,6 +163,60 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base, r.handOverReadMarks())
     case _ => getStore(version, uniqueId)
+  }
+
+  /**
+   * `endVersion` rebuilt from the snapshot of `snapshotVersion` and the changes after it, skipping
+   * every later snapshot and local copy (the state data source's snapshotStartBatchId). The version
+   * is not cached: it is what a damaged later snapshot would otherwise hide.
+   */
+  override def replayStateFromSnapshot(
+      snapshotVersion: Long,
+      endVersion: Long,
+      readOnly: Boolean,
+      snapshotVersionStateStoreCkptId: Option[String],
+      endVersionStateStoreCkptId: Option[String]): StateStore = {
+    rejectCheckpointIds(snapshotVersionStateStoreCkptId)
+    rejectCheckpointIds(endVersionStateStoreCkptId)
+    try {
+      if (snapshotVersion < 1 || endVersion < snapshotVersion) {
+        throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of $describeStore from " +
+          s"snapshot version $snapshotVersion: the snapshot must be version 1 or later and not after the end")
+      }
+      new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion))
+    } catch {
+      case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
+    }
+  }
+
+  /**
+   * The changes of versions `startVersion` to `endVersion` as Spark's change feed rows (batch id =
+   * version - 1; deletes carry a null value), read lazily from a frame the worker writes.
+   */
+  override protected def changeRows(
+      startVersion: Long,
+      endVersion: Long,
+      colFamilyNameOpt: Option[String],
+      endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
+    rejectCheckpointIds(endVersionStateStoreCkptId)
+    colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
+    val worker = StateWorker.acquire(launchSpec)
+    val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
+    try {
+      callWorker(worker, s"change feed of $describeStore, versions $startVersion to $endVersion") { (svc, h) =>
+        svc.changes(h, startVersion, endVersion, file.getAbsolutePath)
+      }
+      val reader = new ArrowFrames.ChangeFeedReader(file)
+      val rows = reader.map { r =>
+        val value = if (r.value == null) null else toRow(r.value, numValueFields)
+        (r.op == ArrowFrames.OpPut, keyCodec.decode(r.key), value, r.version - 1)
+      }
+      (rows, () => try reader.close() finally file.delete())
+    } catch {
+      case NonFatal(e) =>
+        file.delete()
+        throw e
+    }
   }
 
   /** Tracks a store's resources; released at the latest when its task ends or the provider closes. */
@@ -275,16 +330,40 @@ class PythonStateStoreProvider extends StateStoreProvider with Logging {
       }
       state.retain() // one reference for the cache, one for the caller
       remember(state)
-      LoadedVersion(state, LoadMetrics(
-        fromCache = false,
-        totalMs = (System.nanoTime() - started) / 1000000,
-        bytesRead = longField(reply, "bytes"),
-        fromReply = replyMetrics(reply)))
+      loaded(state, reply, started)
     } catch {
       case NonFatal(e) =>
         StateWorker.deleteRecursively(viewDir) // a view of a failed load is nobody's
         throw e
     } finally file.delete()
+  }
+
+  private def loaded(state: CommittedVersion, reply: JValue, startedNanos: Long): LoadedVersion =
+    LoadedVersion(state, LoadMetrics(
+      fromCache = false,
+      totalMs = (System.nanoTime() - startedNanos) / 1000000,
+      bytesRead = longField(reply, "bytes"),
+      fromReply = replyMetrics(reply)))
+
+  private def replayFromWorker(snapshotVersion: Long, endVersion: Long): LoadedVersion = {
+    if (!usesViews) {
+      throw new UnsupportedOperationException(s"$ProviderName: the memory backend keeps no snapshots to replay " +
+        s"from ($describeStore); write the checkpoint with ${WorkerLaunchSpec.ConfPrefix}backend=rocksdb")
+    }
+    val started = System.nanoTime()
+    val worker = StateWorker.acquire(launchSpec)
+    val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
+    try {
+      val reply = callWorker(worker, s"replay of $describeStore version $endVersion from snapshot $snapshotVersion") {
+        (svc, h) => svc.replay(h, snapshotVersion, endVersion, viewDir.getAbsolutePath)
+      }
+      loaded(new RocksView(viewDir, endVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
+        keyCodec, numValueFields, describeStore), reply, started)
+    } catch {
+      case NonFatal(e) =>
+        StateWorker.deleteRecursively(viewDir)
+        throw e
+    }
   }
 
   /**
@@ -500,7 +579,10 @@ object PythonStateStoreProvider {
     "pystatestoreRestoreLocalBytes" -> "restoreLocalBytes",
     "pystatestoreRestoreRemoteFiles" -> "restoreRemoteFiles",
     "pystatestoreRestoreRemoteBytes" -> "restoreRemoteBytes",
-    "pystatestoreRestoreMs" -> "restoreMs")
+    "pystatestoreRestoreMs" -> "restoreMs",
+    "pystatestoreFilesInline" -> "filesInline",
+    "pystatestoreRestoreChangelogVersions" -> "restoreChangelogVersions",
+    "pystatestoreRestoreChangelogBytes" -> "restoreChangelogBytes")
 
   private[pystatestore] def replyMetrics(reply: JValue): Map[String, Long] =
     WorkerReplyMetrics.map { case (metric, field) => metric -> longField(reply, field) }.toMap
@@ -555,7 +637,13 @@ object PythonStateStoreProvider {
       "pystatestore: files restored from checkpoint storage"),
     StateStoreCustomSizeMetric("pystatestoreRestoreRemoteBytes",
       "pystatestore: bytes restored from checkpoint storage"),
-    StateStoreCustomTimingMetric("pystatestoreRestoreMs", "pystatestore: time rebuilding local state"))
+    StateStoreCustomTimingMetric("pystatestoreRestoreMs", "pystatestore: time rebuilding local state"),
+    StateStoreCustomSumMetric("pystatestoreFilesInline",
+      "pystatestore: small files stored inside manifests rather than as files of their own"),
+    StateStoreCustomSumMetric("pystatestoreRestoreChangelogVersions",
+      "pystatestore: changelog versions replayed on top of a snapshot to rebuild local state"),
+    StateStoreCustomSizeMetric("pystatestoreRestoreChangelogBytes",
+      "pystatestore: bytes of changelog replayed to rebuild local state"))
 
   private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
     val row = new UnsafeRow(numFields)

@@ -1,0 +1,133 @@
+"""The service's changelog calls as the JVM makes them: maintenance makes snapshots without holding
+the store during the upload, the change feed frame, snapshot replay, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from backend_support import changes, read_view
+from pystatestore import frames
+from pystatestore.service import StoreService
+
+
+def open_store(service: StoreService, tmp_path: Path, **options: str) -> str:
+    local = tmp_path / "local"
+    (local / "views").mkdir(parents=True, exist_ok=True)
+    desc = {
+        "storeDir": f"file:{tmp_path / 'store'}",
+        "instanceId": "i1",
+        "operatorId": 0,
+        "partitionId": 0,
+        "storeName": "default",
+        "keySchema": "k",
+        "valueSchema": "v",
+        "minVersionsToRetain": 100,
+        "minDeltasForSnapshot": 2,
+        "localDir": str(local),
+        "viewsDir": str(local / "views"),
+        "options": {"localRecoveryDir": str(local / "rec"), **options},
+    }
+    reply = json.loads(service.openStore(json.dumps(desc)))
+    assert "error" not in reply, reply
+    return reply["handle"]
+
+
+def manifest_id(tmp_path: Path, version: int) -> str:
+    return json.loads((tmp_path / "store" / "manifests" / f"{version}.json").read_text())["manifest_id"]
+
+
+def commit_ok(
+    service: StoreService, handle: str, tmp_path: Path, version: int, puts: dict, deletes: list, keys: int
+) -> dict:
+    frame = tmp_path / f"changes-{version}.arrow"
+    table = frames.sorted_by_key(changes(puts, deletes))
+    with pa.OSFile(str(frame), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    view = tmp_path / "local" / "views" / f"v{version}"
+    base_id = manifest_id(tmp_path, version - 1) if version > 1 else ""
+    reply = json.loads(service.commit(handle, version - 1, base_id, str(frame), "a", keys, str(view)))
+    assert "error" not in reply, reply
+    return reply
+
+
+def test_maintenance_uploads_a_snapshot_while_commits_go_on(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    commit_ok(service, handle, tmp_path, 1, {b"a": b"1", b"b": b"1"}, [], 2)
+    commit_ok(service, handle, tmp_path, 2, {b"c": b"2"}, [b"a"], 2)
+    backend = service._stores[handle].backend
+    uploading, release = threading.Event(), threading.Event()
+
+    def hold_upload(point: str) -> None:
+        if point == "materialize:uploaded":
+            uploading.set()
+            release.wait(30)
+
+    backend.fault_hook = hold_upload
+    replies: list[dict] = []
+    worker = threading.Thread(target=lambda: replies.append(json.loads(service.maintenance(handle))))
+    worker.start()
+    assert uploading.wait(30), "maintenance made no snapshot of a chain of minDeltasForSnapshot versions"
+    started = time.time()
+    commit_ok(service, handle, tmp_path, 3, {b"d": b"3"}, [], 3)  # not queued behind the upload
+    assert time.time() - started < 5
+    release.set()
+    worker.join(30)
+    backend.fault_hook = None
+    assert replies and replies[0].get("materializedVersion") == 2, replies
+    assert (tmp_path / "store" / "snapshots" / f"2-{manifest_id(tmp_path, 2)}.json").exists()
+    # the snapshot is what a restore of version 3 starts from: one version replayed
+    reply = json.loads(service.replay(handle, 2, 3, str(tmp_path / "local" / "views" / "replayed-3")))
+    assert reply["restoreChangelogVersions"] == 1, reply
+    assert read_view(tmp_path / "local" / "views" / "replayed-3") == {b"b": b"1", b"c": b"2", b"d": b"3"}
+
+
+def test_the_change_feed_frame_holds_each_versions_changes(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    commit_ok(service, handle, tmp_path, 1, {b"a": b"1", b"b": b"1"}, [], 2)
+    commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [b"a"], 1)
+    out = tmp_path / "feed.arrow"
+    reply = json.loads(service.changes(handle, 1, 2, str(out)))
+    assert reply == {"rows": 4}, reply
+    table = pa.ipc.open_stream(out.read_bytes()).read_all()
+    assert table.schema.equals(frames.CHANGE_FEED_SCHEMA)
+    assert table.to_pylist() == [
+        {"version": 1, "op": frames.OP_PUT, "key": b"a", "value": b"1"},
+        {"version": 1, "op": frames.OP_PUT, "key": b"b", "value": b"1"},
+        {"version": 2, "op": frames.OP_DELETE, "key": b"a", "value": None},
+        {"version": 2, "op": frames.OP_PUT, "key": b"b", "value": b"2"},
+    ]
+    bad = json.loads(service.changes(handle, 2, 1, str(out)))
+    assert "changeStartBatchId" in bad["error"]["message"], bad
+
+
+def test_the_memory_backend_refuses_the_change_feed_and_replay_naming_the_conf(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path, backend="memory")
+    feed = json.loads(service.changes(handle, 1, 1, str(tmp_path / "feed.arrow")))
+    assert "memory backend records no per-version changes" in feed["error"]["message"], feed
+    assert "pystatestore.backend=rocksdb" in feed["error"]["message"], feed
+    replay = json.loads(service.replay(handle, 1, 1, str(tmp_path / "local" / "views" / "v")))
+    assert "keeps no snapshots" in replay["error"]["message"], replay
+
+
+def test_open_refuses_a_bad_min_deltas_for_snapshot(tmp_path: Path) -> None:
+    service = StoreService()
+    desc = {
+        "storeDir": f"file:{tmp_path}",
+        "operatorId": 0,
+        "partitionId": 0,
+        "storeName": "default",
+        "keySchema": "k",
+        "valueSchema": "v",
+        "minVersionsToRetain": 1,
+        "minDeltasForSnapshot": 0,
+    }
+    reply = json.loads(service.openStore(json.dumps(desc)))
+    assert "minDeltasForSnapshot=0" in reply["error"]["message"], reply
