@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -105,42 +106,58 @@ def test_damaged_manifest_names_store_version_file_and_deletes_nothing(
     everything_after = snapshot_tree(ckpt / "state")  # other partitions may have committed, not lost
     assert all(everything_after.get(k) == v for k, v in everything_before.items())
     # Garbage collection on the damaged store, with retention as tight as it goes and every file
-    # past the grace period: what version 2 needs is unknown, so no data file may go; only the
-    # manifest of version 1, below the retained range, may.
+    # past the grace period: what version 2 needs (its chain may reach back through version 1) is
+    # unknown, so nothing may go.
     age_everything(store, 3600)
     report = run_store_gc(store, tmp_path / "gc", retain=0)
-    assert report.get("deletedManifests") == 1, report
-    assert snapshot_tree(store) == {k: v for k, v in before.items() if k != "manifests/1.json"}
+    assert report.get("deletedManifests") == 0 and report.get("deletedFiles") == 0, report
+    assert snapshot_tree(store) == before
 
 
 def delete_a_file_of_version_2(ckpt: Path) -> tuple[Path, str]:
+    """Deletes an SST or other file a snapshot manifest lists, or a changelog version's changes."""
     store = ckpt / "state" / "0" / "2"
     manifest = json.loads((store / "manifests" / "2.json").read_text())
-    victim = sorted(ref["path"] for kind in ("shared", "private") for ref in manifest[kind].values())[0]
+    if manifest["kind"] == "changelog":
+        victim = manifest["changes"]["path"]
+    else:
+        files = [ref for kind in ("shared", "private") for ref in manifest[kind].values()]
+        victim = sorted(ref["path"] for ref in files if "path" in ref)[0]  # not one stored inline
     os.remove(store / victim)
     return store, victim
 
 
-def test_missing_data_file_names_the_file(spark: SparkSession, tmp_path: Path) -> None:
-    # Without local copies the checkpoint is the only source, so the loss must be reported.
-    spark.conf.set(CONF + "localRecovery", "false")
+# changelog: the changes of every version in a file of their own (none inline), so there is one to lose
+MODES = {"snapshot": {"commitMode": "snapshot"}, "changelog": {"commitMode": "changelog", "inlineThresholdBytes": "0"}}
+
+
+@contextmanager
+def confs(spark: SparkSession, **values: str) -> Iterator[None]:
+    for key, value in values.items():
+        spark.conf.set(CONF + key, value)
     try:
+        yield
+    finally:
+        for key in values:
+            spark.conf.unset(CONF + key)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_missing_data_file_names_the_file(spark: SparkSession, tmp_path: Path, mode: str) -> None:
+    # Without local copies the checkpoint is the only source, so the loss must be reported.
+    with confs(spark, localRecovery="false", **MODES[mode]):
         input_dir, ckpt = first_phase(spark, tmp_path)
         _, victim = delete_a_file_of_version_2(ckpt)
         message = restart_error(spark, input_dir, ckpt)
-    finally:
-        spark.conf.unset(CONF + "localRecovery")
     assert victim in message and "version: 2" in message, message
 
 
-def test_missing_data_file_is_restored_from_the_local_copy(spark: SparkSession, tmp_path: Path) -> None:
-    spark.conf.set(CONF + "localRecoveryDir", str(tmp_path / "recovery"))
-    try:
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_missing_data_file_is_restored_from_the_local_copy(spark: SparkSession, tmp_path: Path, mode: str) -> None:
+    with confs(spark, localRecoveryDir=str(tmp_path / "recovery"), **MODES[mode]):
         input_dir, ckpt = first_phase(spark, tmp_path)
         delete_a_file_of_version_2(ckpt)
         run_ours(spark, input_dir, ckpt)  # the restart succeeds: this host still has the file
-    finally:
-        spark.conf.unset(CONF + "localRecoveryDir")
 
 
 def test_worker_killed_mid_stream_gives_exact_results(spark: SparkSession, tmp_path: Path) -> None:
@@ -209,7 +226,9 @@ def test_a_tampered_file_name_never_writes_outside_the_checkpoint(
     """A manifest whose logical file name points elsewhere (absolute, or enough `..` to climb out of
     whatever local directory the worker restores into) used to make the restart write that file
     there, and then carry on without error."""
+    # Snapshot commits: their manifests list file names (a changelog manifest names none).
     spark.conf.set(CONF + "localRecovery", "false")
+    spark.conf.set(CONF + "commitMode", "snapshot")
     target = tmp_path / "escaped-file"
     bad_name = str(target) if form == "absolute" else "../" * 40 + str(target).lstrip("/")
     try:
@@ -223,5 +242,6 @@ def test_a_tampered_file_name_never_writes_outside_the_checkpoint(
         message = restart_error(spark, input_dir, ckpt)
     finally:
         spark.conf.unset(CONF + "localRecovery")
+        spark.conf.unset(CONF + "commitMode")
     assert not target.exists(), "a tampered manifest made the restart write outside the checkpoint"
     assert "is not a plain file name" in message and "manifests/2.json" in message, message

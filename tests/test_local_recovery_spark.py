@@ -25,6 +25,7 @@ RESTORE_KEYS = (
     "pystatestoreRestoreLocalBytes",
     "pystatestoreRestoreRemoteFiles",
     "pystatestoreRestoreRemoteBytes",
+    "pystatestoreRestoreChangelogVersions",
 )
 
 
@@ -83,7 +84,14 @@ def compare_with_builtin(
     return progress
 
 
-def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tmp_path: Path) -> None:
+@pytest.fixture(params=["snapshot", "changelog"])
+def commit_mode(request: pytest.FixtureRequest, local_spark: SparkSession) -> Iterator[str]:
+    local_spark.conf.set(CONF + "commitMode", request.param)
+    yield request.param
+    local_spark.conf.unset(CONF + "commitMode")
+
+
+def test_damaged_local_copy_is_never_used(local_spark: SparkSession, commit_mode: str, tmp_path: Path) -> None:
     recovery = tmp_path / "recovery"
     damaged: list[Path] = []
     totals = restore_totals(
@@ -94,15 +102,27 @@ def test_damaged_local_copy_fetches_only_that_file(local_spark: SparkSession, tm
             before_phase=lambda phase: damaged.append(damage_one_sst_in_place(recovery)) if phase == 1 else None,
         )
     )
-    assert totals["pystatestoreRestoreRemoteFiles"] == 1, (totals, damaged)
-    assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
+    if commit_mode == "snapshot":
+        # the manifest lists the SST: only that file is fetched, the rest comes from the copy
+        assert totals["pystatestoreRestoreRemoteFiles"] == 1, (totals, damaged)
+        assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
+    else:
+        # the SST exists only in local copies (the checkpoint holds changes): the damaged copy is
+        # passed over and the state rebuilt from further back along the chain, by replaying changes
+        assert totals["pystatestoreRestoreChangelogVersions"] > 0, (totals, damaged)
 
 
-def test_unwritable_local_recovery_dir_restores_from_checkpoint(local_spark: SparkSession, tmp_path: Path) -> None:
+def test_unwritable_local_recovery_dir_restores_from_checkpoint(
+    local_spark: SparkSession, commit_mode: str, tmp_path: Path
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     totals = restore_totals(compare_with_builtin(local_spark, tmp_path, blocker / "recovery"))
-    assert totals["pystatestoreRestoreLocalFiles"] == 0 and totals["pystatestoreRestoreRemoteFiles"] > 0, totals
+    assert totals["pystatestoreRestoreLocalFiles"] == 0, totals
+    if commit_mode == "snapshot":
+        assert totals["pystatestoreRestoreRemoteFiles"] > 0, totals
+    else:  # the changes of the few versions so far are stored inside their manifests
+        assert totals["pystatestoreRestoreChangelogVersions"] > 0, totals
 
 
 def executor_pids(app_id: str) -> list[int]:
