@@ -1,12 +1,16 @@
-"""Benchmark: one streaming aggregation, Spark's HDFS and RocksDB providers and pystatestore, in one run.
+"""Benchmark: one streaming aggregation on Spark's HDFS and RocksDB providers (with and without
+changelog checkpointing) and on pystatestore (changelog and snapshot commits), in one run.
 
 Workload: a state of N keys (loaded by the first micro-batch), then B micro-batches each updating
-X% of the keys (random keys, one file per batch through the file source). Reports, per provider,
-the median steady micro-batch time and commit latency, bytes the state store wrote per batch, the
-checkpoint size at the end, and the ratios against pystatestore. Then shows where pystatestore's
-commit time goes. Timings are medians over the steady batches of one run on this machine.
+X% of the keys (random keys, one file per batch through the file source), with Spark's retention
+(minBatchesToRetain=5) and maintenance every 2 s for every provider, as a user runs them. Reports,
+per provider: the median steady micro-batch time and commit latency (p50 per partition), bytes the
+state store wrote per steady batch (every file that appeared, seen by a watcher), the checkpoint's
+file count and bytes at the end, and the restart batch (a new query run on the checkpoint with one
+more input file: state rebuilt from storage or local copies), with how many changelog versions
+pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
 
-    .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20]
+    .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,15 +36,20 @@ from pyspark.sql import functions as F
 import pystatestore
 
 OURS = pystatestore.PROVIDER_CLASS
-# name -> (provider class, pystatestore backend or None)
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+PSS = "spark.sql.streaming.stateStore.pystatestore."
+# name -> (provider class, session confs for the run)
 RUNS = {
-    "hdfs": ("org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", None),
-    "rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", None),
-    "pss-rocksdb": (OURS, "rocksdb"),
-    "pss-memory": (OURS, "memory"),
+    "hdfs": (HDFS, {}),
+    "rocksdb": (ROCKSDB, {CHANGELOG_CONF: "false"}),
+    "rocksdb-changelog": (ROCKSDB, {CHANGELOG_CONF: "true"}),
+    "pss-changelog": (OURS, {PSS + "commitMode": "changelog"}),
+    "pss-snapshot": (OURS, {PSS + "commitMode": "snapshot"}),
 }
 BREAKDOWN = [
-    ("write changes as an SST file", "pystatestoreApplyMs"),
+    ("write changes as an SST file (+segment)", "pystatestoreApplyMs"),
     ("ingest it into RocksDB", "pystatestoreFlushMs"),
     ("native checkpoint (hard links)", "pystatestoreCheckpointMs"),
     ("upload new files", "pystatestoreUploadMs"),
@@ -50,6 +60,7 @@ BREAKDOWN = [
 ]
 PARTITIONS = 4
 WARMUP_BATCHES = 3
+RETAIN = 5
 
 
 def write_inputs(input_dir: Path, keys: int, touched: int, batches: int, seed: int = 42) -> None:
@@ -63,29 +74,60 @@ def write_inputs(input_dir: Path, keys: int, touched: int, batches: int, seed: i
         os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source orders by mtime
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def state_files(state_dir: Path) -> dict[str, int]:
+    """Every file of the state stores (Spark's small _metadata files excluded): path -> size."""
+    out = {}
+    for p in state_dir.rglob("*"):
+        try:
+            if p.is_file() and "_metadata" not in p.parts:
+                out[str(p)] = p.stat().st_size
+        except FileNotFoundError:  # deleted by maintenance while we looked
+            continue
+    return out
 
 
-def state_store_bytes(state_dir: Path, since: float) -> int:
-    """Bytes of files written under state/ after `since` (excluding Spark's small metadata files)."""
-    return sum(
-        p.stat().st_size
-        for p in state_dir.rglob("*")
-        if p.is_file() and p.stat().st_mtime >= since and "_metadata" not in p.parts
-    )
+class FileWatcher(threading.Thread):
+    """Notes every file that appears under `root` (and its largest size), every 0.2 s, so bytes
+    written count files that maintenance deletes later in the run."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.first_seen: dict[str, tuple[float, int]] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            self.scan()
+
+    def scan(self) -> None:
+        if not self.root.exists():
+            return
+        now = time.time()
+        for path, size in state_files(self.root).items():
+            seen, biggest = self.first_seen.get(path, (now, 0))
+            self.first_seen[path] = (seen, max(biggest, size))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.scan()
+
+    def bytes_since(self, since: float) -> int:
+        return sum(size for seen, size in self.first_seen.values() if seen >= since)
 
 
 def bench_session(app: str, partitions: int = PARTITIONS, **conf: str) -> SparkSession:
-    """local[2] with `partitions` shuffle partitions, no UI, and no maintenance during the run, so
-    every provider keeps all the files it wrote and checkpoint sizes compare like for like."""
+    """local[2] with `partitions` shuffle partitions, no UI, Spark's retention at 5 batches and
+    maintenance every 2 s, for every provider."""
     builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+        .config("spark.sql.streaming.minBatchesToRetain", str(RETAIN))
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -115,23 +157,34 @@ def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> l
 def run_provider(
     spark: SparkSession, name: str, input_dir: Path, work: Path, partitions: int = PARTITIONS
 ) -> dict[str, float]:
-    provider, backend = RUNS[name]
+    provider, confs = RUNS[name]
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-    if backend:
-        spark.conf.set("spark.sql.streaming.stateStore.pystatestore.backend", backend)
+    for key, value in confs.items():
+        spark.conf.set(key, value)
     checkpoint = work / f"ckpt-{name}"
+    restart_input = work / "input-restart"
+    if restart_input.exists():
+        shutil.rmtree(restart_input)
+    shutil.copytree(input_dir, restart_input)
+    watcher = FileWatcher(checkpoint / "state")
+    watcher.start()
     started = time.time()
-    progress = run_aggregation(spark, input_dir, checkpoint)
+    try:
+        progress = run_aggregation(spark, restart_input, checkpoint)
+    finally:
+        watcher.stop()
+    time.sleep(5)  # let maintenance (every 2 s) catch up, as it would in a running query
+    files = state_files(checkpoint / "state")
     steady = progress[1 + WARMUP_BATCHES :]
     batch_ms = [p["durationMs"]["triggerExecution"] for p in steady]
     commit_ms = [p["stateOperators"][0]["commitTimeMs"] / partitions for p in steady]
     first_steady = dt.datetime.fromisoformat(steady[0]["timestamp"].replace("Z", "+00:00")).timestamp()
-    written = state_store_bytes(checkpoint / "state", first_steady - 0.5)
     result = {
         "batch_ms": statistics.median(batch_ms),
         "commit_ms": statistics.median(commit_ms),
-        "bytes_per_batch": written / len(steady),
-        "checkpoint_bytes": dir_bytes(checkpoint / "state"),
+        "bytes_per_batch": watcher.bytes_since(first_steady - 0.5) / len(steady),
+        "checkpoint_bytes": sum(files.values()),
+        "checkpoint_files": len(files),
         "state_rows": progress[-1]["stateOperators"][0]["numRowsTotal"],
         "wall_s": time.time() - started,
     }
@@ -140,7 +193,19 @@ def run_provider(
         for _, key in BREAKDOWN:
             result[key] = statistics.median(c.get(key, 0) / partitions for c in custom)
         result["files_uploaded"] = statistics.median(c["pystatestoreFilesUploaded"] for c in custom)
-        result["files_reused"] = statistics.median(c["pystatestoreFilesReused"] for c in custom)
+        result["files_inline"] = statistics.median(c.get("pystatestoreFilesInline", 0) for c in custom)
+    # The restart: a new query run on the same checkpoint (new provider instances, nothing in
+    # memory) processes one more file; its batch rebuilds every partition's state.
+    extra = sorted(input_dir.iterdir())[1]
+    target = restart_input / "batch-restart.parquet"
+    shutil.copy(extra, target)
+    os.utime(target, (1_800_000_000, 1_800_000_000))
+    restart = run_aggregation(spark, restart_input, checkpoint)[0]
+    result["restart_ms"] = restart["durationMs"]["triggerExecution"]
+    custom = restart["stateOperators"][0]["customMetrics"]
+    result["replayed_versions"] = custom.get("pystatestoreRestoreChangelogVersions", -1)
+    for key in confs:
+        spark.conf.unset(key)
     return result
 
 
@@ -167,36 +232,48 @@ def main() -> None:
         f"# command: .venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
         f"--batches {args.batches} --partitions {args.partitions}",
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"Spark {spark_version}, local[2], {args.partitions} partitions",
+        f"Spark {spark_version}, local[2], {args.partitions} partitions, minBatchesToRetain={RETAIN}, "
+        "maintenance every 2 s",
         f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
-        f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}",
+        f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}; then a restart batch",
         "",
-        f"{'run':<14}{'batch ms':>10}{'commit ms/part':>16}{'written/batch':>15}{'checkpoint':>13}{'state rows':>12}",
+        f"{'run':<19}{'batch ms':>9}{'commit p50':>11}{'written/batch':>15}{'ckpt files':>11}{'ckpt size':>11}"
+        f"{'restart ms':>11}{'replayed':>9}",
     ]
     for name, r in results.items():
+        replayed = f"{r['replayed_versions']:>9.0f}" if r["replayed_versions"] >= 0 else f"{'-':>9}"
         lines.append(
-            f"{name:<14}{r['batch_ms']:>10.0f}{r['commit_ms']:>16.1f}{r['bytes_per_batch'] / 1024:>12.0f} KiB"
-            f"{r['checkpoint_bytes'] / 2**20:>9.1f} MiB{r['state_rows']:>12}"
+            f"{name:<19}{r['batch_ms']:>9.0f}{r['commit_ms']:>9.1f}ms{r['bytes_per_batch'] / 1024:>11.1f} KiB"
+            f"{r['checkpoint_files']:>11}{r['checkpoint_bytes'] / 2**20:>7.1f} MiB{r['restart_ms']:>11.0f}{replayed}"
         )
-    lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
-    for ours_name in ("pss-rocksdb", "pss-memory"):
-        ours = results[ours_name]
-        for name in ("hdfs", "rocksdb"):
-            r = results[name]
-            lines.append(
-                f"  {ours_name:<12} vs {name:<8} batch time {ours['batch_ms'] / r['batch_ms']:.2f}x   "
-                f"commit latency {ours['commit_ms'] / max(r['commit_ms'], 0.1):.2f}x   "
-                f"bytes written/batch {ours['bytes_per_batch'] / max(r['bytes_per_batch'], 1):.2f}x   "
-                f"checkpoint size {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x"
-            )
-    ours = results["pss-rocksdb"]
     lines += [
         "",
-        "where pss-rocksdb's commit time goes (median per partition per batch, from its custom metrics;",
-        f"median files uploaded {ours['files_uploaded']:.0f}, reused {ours['files_reused']:.0f} "
-        "per batch over all partitions):",
+        "(commit p50: per partition per batch; replayed: changelog versions pystatestore replayed on top of",
+        "snapshots to rebuild all partitions in the restart batch)",
+        "",
+        "ratios (ours / built-in; < 1 means ours is lower):",
     ]
-    lines += [f"  {label:<34}{ours[key]:>7.1f} ms" for label, key in BREAKDOWN]
+    for ours_name in ("pss-changelog", "pss-snapshot"):
+        ours = results[ours_name]
+        for name in ("hdfs", "rocksdb", "rocksdb-changelog"):
+            r = results[name]
+            lines.append(
+                f"  {ours_name:<13} vs {name:<17} batch {ours['batch_ms'] / r['batch_ms']:.2f}x  "
+                f"commit p50 {ours['commit_ms'] / max(r['commit_ms'], 0.1):.2f}x  "
+                f"written/batch {ours['bytes_per_batch'] / max(r['bytes_per_batch'], 1):.2f}x  "
+                f"files {ours['checkpoint_files'] / max(r['checkpoint_files'], 1):.2f}x  "
+                f"bytes {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x  "
+                f"restart {ours['restart_ms'] / max(r['restart_ms'], 1):.2f}x"
+            )
+    for ours_name in ("pss-changelog", "pss-snapshot"):
+        ours = results[ours_name]
+        lines += [
+            "",
+            f"where {ours_name}'s commit time goes (median per partition per batch, from its custom metrics;",
+            f"median files uploaded {ours['files_uploaded']:.0f}, stored inline {ours['files_inline']:.0f} "
+            "per batch over all partitions):",
+        ]
+        lines += [f"  {label:<40}{ours[key]:>7.1f} ms" for label, key in BREAKDOWN]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 PROVIDER_CLASS = "org.pystatestore.PythonStateStoreProvider"
 CONF_PREFIX = "spark.sql.streaming.stateStore.pystatestore."
 JAR_NAME = "pystatestore-shim.jar"
