@@ -123,6 +123,7 @@ def run_maintenance(backend: StateBackend) -> dict:
 
 class BackendModel(RuleBasedStateMachine):
     MODE = "snapshot"
+    OPTIONS: dict[str, str] = {}
 
     @initialize()
     def setup(self) -> None:
@@ -147,7 +148,7 @@ class BackendModel(RuleBasedStateMachine):
         self.generation += 1
         local = self.root / f"local-{self.generation}"
         # Writers share this host's local recovery copies across restarts, as workers on one host do.
-        options = dict(MODEL_OPTIONS)
+        options = dict(MODEL_OPTIONS) | self.OPTIONS
         options |= {"localRecoveryDir": str(self.root / "recovery")} if local_copies else {"localRecovery": "false"}
         b = make_backend(
             "rocksdb",
@@ -448,13 +449,26 @@ class BackendModel(RuleBasedStateMachine):
 
 
 class ChangelogModel(BackendModel):
+    """Changelog commits; maintenance snapshots as RocksDB checkpoints (SSTs reused between them)."""
+
     MODE = "changelog"
+    OPTIONS = {"compactSnapshotMaxBytes": "0"}
+
+
+class CompactChangelogModel(BackendModel):
+    """Changelog commits; the model's small stores are snapshotted as one segment of their state,
+    stored inline or (half of them, by a lower threshold) in a changelog/ file."""
+
+    MODE = "changelog"
+    OPTIONS = {"inlineThresholdBytes": "2048"}
 
 
 BackendModel.TestCase.settings = settings.get_profile(PROFILE)
 ChangelogModel.TestCase.settings = settings.get_profile(PROFILE)
+CompactChangelogModel.TestCase.settings = settings.get_profile(PROFILE)
 TestSnapshotModel = BackendModel.TestCase
 TestChangelogModel = ChangelogModel.TestCase
+TestCompactChangelogModel = CompactChangelogModel.TestCase
 
 
 def test_the_model_configuration_compacts(tmp_path: Path) -> None:

@@ -145,7 +145,7 @@ def files_of(store_dir: Path) -> set[str]:
 def test_maintenance_materializes_a_snapshot_off_the_commit_path(store_dir: Path, tmp_path: Path) -> None:
     """Every minDeltasForSnapshot changelog versions, maintenance snapshots the newest version the
     local DB holds; a restore then starts from it and replays only what came after."""
-    b = make_backend("rocksdb", store_dir, tmp_path, retain=100, min_deltas=3)
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=100, min_deltas=3, options={"compactSnapshotMaxBytes": "0"})
     state: dict[bytes, bytes] = {}
     for v in range(1, 6):
         puts = {f"k{v}-{i}".encode(): str(v).encode() for i in range(100)}
@@ -165,6 +165,40 @@ def test_maintenance_materializes_a_snapshot_off_the_commit_path(store_dir: Path
     result = cold.load(5)
     assert result.metrics["restoreChangelogVersions"] == 2 and result.metrics["restoreRemoteFiles"] > 0
     assert state_of(cold, 5) == state
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
+    store_dir: Path, tmp_path: Path, inline: bool
+) -> None:
+    """Below compactSnapshotMaxBytes a snapshot is the whole state as one segment (inside the
+    snapshot manifest, or in one changelog/ file): no SSTs, no OPTIONS. Restores and Spark's
+    snapshot replay start from it like from any snapshot."""
+    options = {} if inline else {"inlineThresholdBytes": "0"}
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=100, min_deltas=2, options=options)
+    state: dict[bytes, bytes] = {}
+    for v in range(1, 4):
+        puts = {f"k{v}-{i}".encode(): str(v).encode() * 3 for i in range(50)}
+        deletes = [k for k in list(state)[:5]] if v == 3 else []
+        commit(b, v - 1, changes(puts, deletes), f"t{v}")
+        state = {k: x for k, x in state.items() if k not in deletes} | puts
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+    m2 = manifest(store_dir, 2)
+    snap = json.loads((store_dir / "snapshots" / f"2-{m2['manifest_id']}.json").read_text())
+    assert snap["kind"] == "snapshot" and not snap["shared"] and not snap["private"]
+    assert snap["changes"]["rows"] == 100 and ("data" in snap["changes"]) == inline
+    assert not any((store_dir / "shared").glob("*")) if (store_dir / "shared").exists() else True
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    result = cold.load(3)
+    assert result.metrics["restoreChangelogVersions"] == 1, result.metrics
+    assert result.metrics["restoreRemoteFiles"] == (0 if inline else 1), result.metrics  # the state segment
+    assert state_of(cold, 3) == state
+    replayed = make_backend("rocksdb", store_dir, tmp_path / "replay", options={"localRecovery": "false"})
+    replayed.replay(2, 3)
+    assert state_of(replayed, 3) == state
 
 
 def test_changelog_gc_keeps_exactly_what_retained_chains_need(store_dir: Path, tmp_path: Path) -> None:

@@ -82,6 +82,9 @@ COMMIT_MODES = ("changelog", "snapshot")
 DEFAULT_COMMIT_MODE = "changelog"
 # Files (and changelog segments) up to this size are stored inside the manifest.
 DEFAULT_INLINE_BYTES = 16 << 10
+# Maintenance snapshots a store whose SSTs add up to at most this much as one segment of its whole
+# state (a compact snapshot) rather than as a RocksDB checkpoint.
+DEFAULT_COMPACT_SNAPSHOT_BYTES = 1 << 20
 # Maintenance also makes a snapshot once the changes since the last one add up to this much.
 DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
 _shared_cache_lock = threading.Lock()
@@ -156,6 +159,9 @@ class RocksDBBackend(StateBackend):
             )
         self.inline_bytes = self._int_option("inlineThresholdBytes", DEFAULT_INLINE_BYTES, minimum=0)
         self.changelog_max_bytes = self._int_option("changelogMaxBytes", DEFAULT_CHANGELOG_MAX_BYTES, minimum=1)
+        self.compact_snapshot_bytes = self._int_option(
+            "compactSnapshotMaxBytes", DEFAULT_COMPACT_SNAPSHOT_BYTES, minimum=0
+        )
         self.threads = self._int_option("transferThreads", DEFAULT_TRANSFER_THREADS, minimum=1)
         self.l0_trigger = self._int_option("rocksdb.l0CompactionTrigger", DEFAULT_L0_COMPACTION_TRIGGER, minimum=1)
         base = Path(self.ctx.local_dir or tempfile.gettempdir()) / "rocksdb"
@@ -323,6 +329,9 @@ class RocksDBBackend(StateBackend):
         return target, restore.metrics
 
     def _restore_snapshot(self, snapshot: Manifest, restore: _Restore) -> None:
+        if snapshot.changes is not None:
+            self._restore_compact_snapshot(snapshot, restore)
+            return
         db_dir = self._fresh_dir(f"db-{snapshot.version}")
         try:
             local_files, local_bytes, stats = self._restore_files(snapshot, db_dir)
@@ -334,6 +343,62 @@ class RocksDBBackend(StateBackend):
         restore.local_files += local_files
         restore.local_bytes += local_bytes
         restore.remote = stats
+
+    def _restore_compact_snapshot(self, snapshot: Manifest, restore: _Restore) -> None:
+        """A snapshot that holds the whole state as one segment: an empty DB plus that segment,
+        ingested as one SST."""
+        assert snapshot.changes is not None
+        self._open(self._fresh_dir(f"db-{snapshot.version}"), 0, None)
+        try:
+            data = self._changes_of(snapshot)
+            change_file = self._write_change_file(changelog.read_segment(data), snapshot.version)
+            if change_file is not None:
+                self._ingest(change_file)
+        except changelog.SegmentFormatError as e:
+            self._drop_db()
+            raise CheckpointDamagedError(
+                f"the state of snapshot {snapshot.version} is not a changelog segment ({e})",
+                store=self.ctx.store_dir,
+                version=snapshot.version,
+                file=snapshot.changes.ref.path or snapshot_path(snapshot.version, snapshot.manifest_id),
+            ) from None
+        except BaseException:
+            self._drop_db()
+            raise
+        if snapshot.num_keys > 0 and next(iter(self._db.keys()), None) is None:
+            self._drop_db()
+            raise CheckpointDamagedError(
+                f"snapshot {snapshot.version} says it holds {snapshot.num_keys} keys, but its state is empty",
+                store=self.ctx.store_dir,
+                version=snapshot.version,
+                file=snapshot_path(snapshot.version, snapshot.manifest_id),
+            )
+        self._set_db_version(snapshot.version, snapshot)
+        self._ancestor = None  # the local DB's files descend from no uploaded snapshot
+        if not snapshot.changes.ref.inline:
+            restore.remote = TransferStats(restore.remote.files + 1, restore.remote.bytes + snapshot.changes.ref.size)
+
+    def _compact_snapshot_of(self, checkpoint_dir: Path, m: Manifest, token: str) -> tuple[Manifest, list[FileRef]]:
+        """A snapshot of a small store as one segment of its whole state (every pair, as puts),
+        stored inline or under changelog/: a few bytes a row, where a RocksDB checkpoint costs its
+        SSTs' index and filter blocks and an OPTIONS file besides."""
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(False)
+        db = rocksdict.Rdict(str(checkpoint_dir), opts, access_type=rocksdict.AccessType.read_only())
+        segment = self.work_dir / f"state-{m.version}-{uuid.uuid4().hex[:8]}"
+        try:
+            rows = changelog.write_segment(segment, _state_batches(db))
+            changes, uploaded = self._store_changes(segment, rows, m.version, token)
+        finally:
+            db.close()
+            segment.unlink(missing_ok=True)
+        snapshot = replace(
+            self.new_manifest(m.version, m.num_keys, m.attempt_id),
+            manifest_id=m.manifest_id,
+            kind=KIND_SNAPSHOT,
+            changes=changes,
+        )
+        return snapshot, uploaded
 
     def _restore_from_copy(self, m: Manifest, copy: dict[str, Path], restore: _Restore) -> None:
         db_dir = self._fresh_dir(f"db-{m.version}")
@@ -845,10 +910,14 @@ class RocksDBBackend(StateBackend):
         t = time.perf_counter()
         try:
             m = job.manifest
+            sst_bytes = sum(p.stat().st_size for p in job.checkpoint_dir.glob("*.sst"))
             with self.commit_attempt(m.version) as lease:
-                snapshot, uploaded = self._snapshot_of(
-                    job.checkpoint_dir, m.version, m.num_keys, m.attempt_id, lease.token, job.reuse_from, like=m
-                )
+                if sst_bytes <= self.compact_snapshot_bytes:
+                    snapshot, uploaded = self._compact_snapshot_of(job.checkpoint_dir, m, lease.token)
+                else:
+                    snapshot, uploaded = self._snapshot_of(
+                        job.checkpoint_dir, m.version, m.num_keys, m.attempt_id, lease.token, job.reuse_from, like=m
+                    )
                 self._fault_point("materialize:uploaded")
                 lease.check_before_publish()
                 self.remote.publish(snapshot_path(m.version, m.manifest_id), snapshot.to_json())
@@ -878,6 +947,27 @@ class RocksDBBackend(StateBackend):
     def close(self) -> None:
         self._drop_db()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _state_batches(db: rocksdict.Rdict) -> Iterator[pa.RecordBatch]:
+    """Every pair of `db` in key order, as put rows of a change frame."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+
+    def batch() -> pa.RecordBatch:
+        ops = pa.array([frames.OP_PUT] * len(keys), pa.int8())
+        return pa.record_batch(
+            [ops, pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=frames.CHANGES_SCHEMA
+        )
+
+    for key, value in db.items():
+        keys.append(key)
+        values.append(value)
+        if len(keys) == APPLY_CHUNK_ROWS:
+            yield batch()
+            keys, values = [], []
+    if keys:
+        yield batch()
 
 
 def _scan_stale_copies(root: Path) -> int:
