@@ -349,22 +349,8 @@ class RocksDBBackend(StateBackend):
         ingested as one SST."""
         assert snapshot.changes is not None
         self._open(self._fresh_dir(f"db-{snapshot.version}"), 0, None)
-        try:
-            data = self._changes_of(snapshot)
-            change_file = self._write_change_file(changelog.read_segment(data), snapshot.version)
-            if change_file is not None:
-                self._ingest(change_file)
-        except changelog.SegmentFormatError as e:
-            self._drop_db()
-            raise CheckpointDamagedError(
-                f"the state of snapshot {snapshot.version} is not a changelog segment ({e})",
-                store=self.ctx.store_dir,
-                version=snapshot.version,
-                file=snapshot.changes.ref.path or snapshot_path(snapshot.version, snapshot.manifest_id),
-            ) from None
-        except BaseException:
-            self._drop_db()
-            raise
+        where = snapshot.changes.ref.path or snapshot_path(snapshot.version, snapshot.manifest_id)
+        self._apply_segment(snapshot, f"the state of snapshot {snapshot.version}", where)
         if snapshot.num_keys > 0 and next(iter(self._db.keys()), None) is None:
             self._drop_db()
             raise CheckpointDamagedError(
@@ -446,23 +432,29 @@ class RocksDBBackend(StateBackend):
     def _replay(self, chain: list[Manifest], restore: _Restore) -> None:
         """Applies the changes of `chain` (oldest first) to the local DB, which holds the version
         before the first. On failure the local DB is dropped: it matches no version."""
+        for m in chain:
+            assert m.changes is not None
+            where = m.changes.ref.path or manifest_path(m.version)
+            self._apply_segment(m, f"the changes of version {m.version}", where, fault_point="restore:replayed")
+            restore.replayed += 1
+            restore.replayed_bytes += m.changes.ref.size
+
+    def _apply_segment(self, m: Manifest, described: str, where: str, *, fault_point: str | None = None) -> None:
+        """Ingests the segment `m` holds (its changes, or a compact snapshot's state) into the local
+        DB as one SST. On any failure the local DB is dropped: it matches no version."""
         try:
-            for m in chain:
-                assert m.changes is not None
-                data = self._changes_of(m)
-                change_file = self._write_change_file(changelog.read_segment(data), m.version)
-                self._fault_point("restore:replayed")
-                if change_file is not None:
-                    self._ingest(change_file)
-                restore.replayed += 1
-                restore.replayed_bytes += m.changes.ref.size
+            change_file = self._write_change_file(changelog.read_segment(self._changes_of(m)), m.version)
+            if fault_point is not None:
+                self._fault_point(fault_point)
+            if change_file is not None:
+                self._ingest(change_file)
         except changelog.SegmentFormatError as e:
             self._drop_db()
             raise CheckpointDamagedError(
-                f"the changes of version {m.version} are not a changelog segment ({e})",
+                f"{described} is not a changelog segment ({e})",
                 store=self.ctx.store_dir,
                 version=m.version,
-                file=m.changes.ref.path or manifest_path(m.version),
+                file=where,
             ) from None
         except BaseException:
             self._drop_db()
