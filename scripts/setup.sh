@@ -19,17 +19,25 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import pyspark, pyarrow, rocksdict, py4j" # fail early if the install did not take
 
-echo "setup: building the shim jar with gradle (offline)"
+# The wheel carries a jar per Spark minor, each compiled against that minor's own pyspark jars/:
+# install each supported pyspark (no deps) once per machine under ~/.cache/pystatestore; pip's
+# cache means nothing is downloaded twice. The tests of the other minors run on these too.
+echo "setup: the supported Spark minors' pyspark (cached per machine)"
+.venv/bin/python scripts/build_jar.py --provision > /dev/null
+
+minor=$(.venv/bin/python -c "import pyspark; print('.'.join(pyspark.__version__.split('.')[:2]))")
+jar=jvm-shim/build/libs/pystatestore-shim-spark$minor.jar
+echo "setup: building the shim jar for Spark $minor with gradle (offline)"
 # A failed build must fail setup: never run the tests against a jar left over from an earlier build.
-rm -f jvm-shim/build/libs/pystatestore-shim.jar
+rm -f "$jar"
 mkdir -p .gradle
 if ! gradle --offline -q jar > .gradle/build.log 2>&1; then
   grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
   echo "setup: gradle failed to build the shim jar (log above)" >&2
   exit 1
 fi
-test -f jvm-shim/build/libs/pystatestore-shim.jar
+test -f "$jar"
 
-echo "setup: pip install . (wheel with the jar inside)"
+echo "setup: pip install . (wheel with a jar per Spark minor inside)"
 .venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall . 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import pystatestore; print('setup: shim jar', pystatestore.jar_path())"

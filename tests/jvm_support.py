@@ -22,12 +22,19 @@ def _build_jar_module():
 
 
 def compile_test_jar(name: str, sources: list[Path]) -> Path:
-    """Compiles `sources` against Spark and the shim jar; rebuilt when a source is newer."""
-    out = BUILD / f"{name}.jar"
+    """Compiles `sources` against the running pyspark's Spark and its shim jar; rebuilt when a
+    source is newer."""
+    import pyspark
+
+    minor = pystatestore.minor_of(pyspark.__version__)
+    out = BUILD / f"{name}-spark{minor}.jar"
     shim = Path(pystatestore.jar_path())
     newest = max(p.stat().st_mtime for p in [*sources, shim])
     if not out.exists() or out.stat().st_mtime < newest:
-        _build_jar_module().compile_jar(out, extra_sources=sources, classpath_extra=[str(shim)])
+        jars_dir = Path(pyspark.__file__).resolve().parent / "jars"
+        _build_jar_module().compile_jar(
+            out, minor, jars_dir=jars_dir, extra_sources=sources, classpath_extra=[str(shim)]
+        )
     return out
 
 

@@ -1,4 +1,5 @@
-"""Both build paths produce the shim: gradle's jar and the jar inside the wheel from `pip install .`."""
+"""Both build paths produce the shim: gradle's jar and the jars inside the wheel from `pip install .`,
+one per Spark minor; and the running pyspark picks its own minor's jar, or is refused clearly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import pystatestore
+from pystatestore.spark_minors import BUILT_AGAINST, DEFAULT_MINOR, SUPPORTED_RANGE, jar_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_CLASS = "org/pystatestore/PythonStateStoreProvider.class"
@@ -19,19 +21,74 @@ def classes(jar: Path) -> set[str]:
         return {n for n in zf.namelist() if n.endswith(".class")}
 
 
+def running_minor() -> str:
+    import pyspark
+
+    return pystatestore.minor_of(pyspark.__version__)
+
+
 @pytest.mark.skipif(os.environ.get("PYSTATESTORE_TEST_INSTALLED") != "1", reason="runs against the installed wheel")
-def test_wheel_carries_the_jar() -> None:
+def test_wheel_carries_a_jar_per_minor() -> None:
     jar = Path(pystatestore.jar_path())
     assert "site-packages" in jar.parts, f"expected the installed wheel's jar, got {jar}"
-    assert PROVIDER_CLASS in classes(jar)
+    assert jar.name == jar_name(running_minor())
+    for minor, release in BUILT_AGAINST.items():
+        minor_jar = Path(pystatestore.jar_path(release))
+        assert minor_jar.parent == jar.parent and minor_jar.name == jar_name(minor)
+        assert PROVIDER_CLASS in classes(minor_jar)
 
 
 def test_gradle_jar_matches_the_wheel_jar() -> None:
-    gradle_jar = ROOT / "jvm-shim" / "build" / "libs" / "pystatestore-shim.jar"
+    gradle_jar = ROOT / "jvm-shim" / "build" / "libs" / jar_name(running_minor())
     if not gradle_jar.exists():
-        pytest.skip("gradle jar not built (scripts/setup.sh builds it)")
+        pytest.skip("gradle jar of this minor not built (scripts/setup.sh builds it)")
     assert PROVIDER_CLASS in classes(gradle_jar)
     assert classes(gradle_jar) == classes(Path(pystatestore.jar_path()))
+
+
+def test_jars_differ_only_by_adapter() -> None:
+    """One shared core: every minor's jar has the same core classes; only adapter classes differ."""
+    jars = {m: Path(pystatestore.jar_path(r)) for m, r in BUILT_AGAINST.items()}
+    if not all(j.exists() for j in jars.values()):
+        pytest.skip("not every minor's jar is built")
+    core = set.intersection(*(classes(j) for j in jars.values()))
+    assert "org/pystatestore/PythonStateStoreProviderCore.class" in core
+    assert PROVIDER_CLASS in core  # each minor's own, compiled from its adapter
+    assert "org/pystatestore/ReadStoreSince42.class" in classes(jars["4.2"]) - classes(jars["4.1"])
+    assert "org/pystatestore/ReadStoreSince43.class" in classes(jars["4.3"]) - classes(jars["4.2"])
+
+
+@pytest.mark.parametrize("version", ["4.0.1", "4.4.0", "3.5.6", "5.0.0", "4"])
+def test_jar_selection_refuses_an_unsupported_pyspark(version: str) -> None:
+    with pytest.raises(pystatestore.UnsupportedSparkVersionError) as e:
+        pystatestore.jar_path(version)
+    message = str(e.value)
+    assert f"pyspark {version}" in message and SUPPORTED_RANGE in message
+    assert "4.1.x, 4.2.x, 4.3.x" in message
+
+
+@pytest.mark.parametrize("version", ["4.1.0", "4.2.1", "4.3.0", "4.3.7"])
+def test_jar_selection_picks_the_minor(version: str) -> None:
+    minor = ".".join(version.split(".")[:2])
+    assert Path(pystatestore.jar_path(version)).name == jar_name(minor)
+
+
+def test_configure_spark_refuses_an_unsupported_running_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pystatestore, "running_pyspark_version", lambda: "4.0.2")
+
+    class Builder:
+        def config(self, key: str, value: str) -> Builder:
+            raise AssertionError("nothing may be configured for an unsupported pyspark")
+
+    with pytest.raises(pystatestore.UnsupportedSparkVersionError, match=r"pyspark 4\.0\.2"):
+        pystatestore.configure_spark(Builder())
+
+
+def test_default_environment_is_the_newest_minor() -> None:
+    """Development, the demo and the full suite run what `pip install pyspark` gives a new user."""
+    assert DEFAULT_MINOR == max(BUILT_AGAINST, key=lambda m: tuple(map(int, m.split("."))))
+    pins = (ROOT / "requirements-dev.txt").read_text()
+    assert f"pyspark[sql]=={BUILT_AGAINST[DEFAULT_MINOR]}" in pins
 
 
 def test_configure_spark_sets_provider_and_jar() -> None:

@@ -11,31 +11,43 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.4.0"
+from pystatestore.spark_minors import BUILT_AGAINST, UnsupportedSparkVersionError, jar_name, minor_of
+
+__version__ = "0.5.0"
 PROVIDER_CLASS = "org.pystatestore.PythonStateStoreProvider"
 CONF_PREFIX = "spark.sql.streaming.stateStore.pystatestore."
-JAR_NAME = "pystatestore-shim.jar"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def jar_path() -> str:
-    """The shim jar: inside the installed wheel, else the gradle/scripts build of a source checkout."""
+def running_pyspark_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
+
+
+def jar_path(pyspark_version: str | None = None) -> str:
+    """The shim jar for `pyspark_version` (default: the pyspark this Python imports): inside the
+    installed wheel, else the gradle/scripts build of a source checkout. A pyspark outside the
+    supported minors raises UnsupportedSparkVersionError naming the supported range."""
+    version = pyspark_version or running_pyspark_version()
+    name = jar_name(minor_of(version))
     candidates = [
-        _PACKAGE_DIR / "jars" / JAR_NAME,
-        _PACKAGE_DIR.parent.parent / "jvm-shim" / "build" / "libs" / JAR_NAME,
+        _PACKAGE_DIR / "jars" / name,
+        _PACKAGE_DIR.parent.parent / "jvm-shim" / "build" / "libs" / name,
     ]
     for c in candidates:
         if c.is_file():
             return str(c)
     raise FileNotFoundError(
-        f"pystatestore shim jar not found (looked at {', '.join(map(str, candidates))}). "
+        f"pystatestore shim jar for pyspark {version} not found (looked at {', '.join(map(str, candidates))}). "
         "Install pystatestore with 'pip install .' or build the jar with 'gradle jar'."
     )
 
 
 def configure_spark(builder: Any, *, python_exec: str | None = None, backend: str | None = None) -> Any:
-    """Adds the shim jar and selects the provider on a SparkSession builder; returns the builder.
+    """Adds the shim jar of the running pyspark's minor and selects the provider on a SparkSession
+    builder; returns the builder.
 
     The state worker runs `python_exec` (default: this interpreter) with this package on its path,
     so a source checkout works without installation; set both confs yourself on clusters whose
@@ -57,4 +69,13 @@ def configure_spark(builder: Any, *, python_exec: str | None = None, backend: st
     return builder
 
 
-__all__ = ["CONF_PREFIX", "PROVIDER_CLASS", "__version__", "configure_spark", "jar_path"]
+__all__ = [
+    "BUILT_AGAINST",
+    "CONF_PREFIX",
+    "PROVIDER_CLASS",
+    "UnsupportedSparkVersionError",
+    "__version__",
+    "configure_spark",
+    "jar_path",
+    "minor_of",
+]

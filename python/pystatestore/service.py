@@ -27,7 +27,8 @@ from .leases import validate_grace
 from .manifest import KEY_ENCODING_RAW
 from .remote import RemoteStore
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
+MAINTENANCE_PARTS = ("snapshot", "cleanup")
 DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
@@ -206,7 +207,11 @@ class StoreService:
         attempt_id: str,
         num_keys: int,
         view_dir: str,
+        force_snapshot: bool = False,
     ) -> str:
+        """Makes `base_version + 1` durable from the change frame; with `force_snapshot` (Spark
+        4.2's forceSnapshotOnCommit) it also has a snapshot before the call returns."""
+
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
@@ -222,8 +227,10 @@ class StoreService:
                     num_keys=int(num_keys) if int(num_keys) >= 0 else None,
                     view_dir=view_dir or None,
                 )
+            snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
             release_free_memory()
             return {
+                **snapshot,
                 "workerRssBytes": worker_rss_bytes(),
                 "version": result.version,
                 "manifestId": result.manifest_id,
@@ -237,32 +244,53 @@ class StoreService:
 
         return _reply(run)
 
-    def maintenance(self, handle: str) -> str:
-        """A snapshot if one is due, then garbage collection. The snapshot is set up (hard links) under
-        the store's lock but uploaded without it, so the store's commits never wait for an upload."""
+    def maintenance(self, handle: str, parts: str = "snapshot,cleanup") -> str:
+        """The maintenance `parts` (comma-separated) in order: `snapshot` makes a snapshot of the
+        changelog chain if one is due, `cleanup` applies retention and collects garbage. Spark 4.3
+        runs the two from separate threads; earlier minors ask for both at once."""
 
         def run() -> dict[str, Any]:
+            wanted = [p.strip() for p in str(parts).split(",") if p.strip()]
+            unknown = sorted(set(wanted) - set(MAINTENANCE_PARTS))
+            if unknown or not wanted:
+                raise ValueError(
+                    f"store {handle}: unknown maintenance part(s) {unknown or wanted}; "
+                    f"expected some of {', '.join(MAINTENANCE_PARTS)}. The jar and the Python package "
+                    "are of different releases"
+                )
             store = self._store(handle)
-            with store.locked("maintenance (preparing a snapshot)", handle) as backend:
-                job = backend.prepare_materialization()
             report: dict[str, Any] = {}
-            if job is not None:
-                try:
-                    backend.finish_materialization(job)
-                except (StateStoreError, OSError) as e:
-                    # The chain stays as it is (restores replay a little more); collecting garbage
-                    # must not wait on storage that refused an upload.
-                    log.warning("store %s: making a snapshot failed, will retry: %s", handle, e)
-                    report["materializeError"] = str(e)
-                finally:
-                    with store.locked("maintenance (recording a snapshot)", handle):
-                        backend.complete_materialization(job)
-                report.update(getattr(job, "metrics", {}))
-            with store.locked("maintenance", handle) as backend:
-                report.update(backend.maintenance())
+            if "snapshot" in wanted:
+                report.update(self._snapshot(store, handle, force=False))
+            if "cleanup" in wanted:
+                with store.locked("maintenance", handle) as backend:
+                    report.update(backend.maintenance())
             return report
 
         return _reply(run)
+
+    def _snapshot(self, store: _Store, handle: str, *, force: bool) -> dict[str, Any]:
+        """A snapshot of the newest changelog version if one is due (or `force`d). It is set up (hard
+        links) under the store's lock but uploaded without it, so commits never wait for an upload."""
+        with store.locked("maintenance (preparing a snapshot)", handle) as backend:
+            job = backend.prepare_materialization(force=force)
+        report: dict[str, Any] = {}
+        if job is None:
+            return report
+        try:
+            backend.finish_materialization(job)
+        except (StateStoreError, OSError) as e:
+            if force:
+                raise
+            # The chain stays as it is (restores replay a little more); collecting garbage
+            # must not wait on storage that refused an upload.
+            log.warning("store %s: making a snapshot failed, will retry: %s", handle, e)
+            report["materializeError"] = str(e)
+        finally:
+            with store.locked("maintenance (recording a snapshot)", handle):
+                backend.complete_materialization(job)
+        report.update(getattr(job, "metrics", {}))
+        return report
 
     def changes(self, handle: str, start_version: int, end_version: int, out_path: str) -> str:
         """Writes the change feed of versions start..end (inclusive) to `out_path` as an Arrow

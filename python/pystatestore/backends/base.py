@@ -166,8 +166,9 @@ class StateBackend(abc.ABC):
         """Drops in-memory state; files stay."""
 
     # -- optional capabilities (the rocksdb backend has them) ------------------------------
-    def prepare_materialization(self) -> Any | None:
-        """Under the store's lock: a snapshot job if one is due (see the rocksdb backend), else None."""
+    def prepare_materialization(self, force: bool = False) -> Any | None:
+        """Under the store's lock: a snapshot job if one is due, or any is missing and `force`d (see
+        the rocksdb backend), else None. Backends whose every commit is a snapshot return None."""
         return None
 
     def finish_materialization(self, job: Any) -> None:  # noqa: B027 - only called with a job

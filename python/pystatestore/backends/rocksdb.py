@@ -872,10 +872,11 @@ class RocksDBBackend(StateBackend):
             manifest = replace(manifest, manifest_id=like.manifest_id, attempt_id=like.attempt_id, kind=KIND_SNAPSHOT)
         return manifest, uploaded
 
-    def prepare_materialization(self) -> Materialization | None:
+    def prepare_materialization(self, force: bool = False) -> Materialization | None:
         """Under the store's lock: if the newest version is a changelog version the local DB holds
-        and the chain since the last snapshot is long (minDeltasForSnapshot) or large, a checkpoint
-        of it (hard links) to make its snapshot from. Nothing is uploaded here."""
+        and the chain since the last snapshot is long (minDeltasForSnapshot) or large, or it has no
+        snapshot and `force` asks for one, a checkpoint of it (hard links) to make its snapshot
+        from. Nothing is uploaded here."""
         if self.mode != "changelog" or self._db is None or not self._db_version or self._db_dir is None:
             return None
         newest = max((v for f in self.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
@@ -890,7 +891,8 @@ class RocksDBBackend(StateBackend):
                 break
             deltas += 1
             size += c.changes.ref.size if c.changes else 0
-        if deltas < self.ctx.min_deltas_for_snapshot and size < self.changelog_max_bytes:
+        due = deltas >= self.ctx.min_deltas_for_snapshot or size >= self.changelog_max_bytes
+        if not (due or (force and deltas > 0)):
             return None
         reuse_from = self._reusable_for(m)
         checkpoint_dir = self.work_dir / f"materialize-{m.version}-{uuid.uuid4().hex[:8]}"

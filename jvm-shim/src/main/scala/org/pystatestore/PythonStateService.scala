@@ -35,13 +35,17 @@ trait PythonStateService {
    * `baseManifestId` names the attempt at the base version the changes were computed on ("" for
    * version 0); the worker refuses the commit if another attempt has since replaced it.
    * `numKeys` is the new version's key count (the JVM saw which keys existed). Backends read
-   * through views leave the new version's read view at `viewDir`.
+   * through views leave the new version's read view at `viewDir`. With `forceSnapshot` the call
+   * returns only once the new version also has a snapshot (Spark 4.2's forceSnapshotOnCommit).
    */
   def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
-      attemptId: String, numKeys: Long, viewDir: String): String
+      attemptId: String, numKeys: Long, viewDir: String, forceSnapshot: Boolean): String
 
-  /** Applies retention and removes files no retained version needs. */
-  def maintenance(handle: String): String
+  /**
+   * The maintenance `parts` (comma-separated): `snapshot` makes a due snapshot of a changelog
+   * chain; `cleanup` applies retention and removes files no retained version needs.
+   */
+  def maintenance(handle: String, parts: String): String
 
   /**
    * Writes the changes of versions `startVersion` to `endVersion` (inclusive) to `outPath` as an

@@ -142,7 +142,7 @@ final class WorkerRegistration(token: String) {
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
-  val ProtocolVersion = 5
+  val ProtocolVersion = 6
   private var current: RunningWorker = _
   private var generations = 0
   private var anyDiedAbnormally = false

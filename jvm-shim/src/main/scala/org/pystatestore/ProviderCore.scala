@@ -20,14 +20,15 @@ import org.apache.spark.sql.execution.streaming.state.pystatestore.{ChangeFeedSu
 import org.apache.spark.sql.types.StructType
 
 /**
- * Spark's entry point to pystatestore. Thin by design (DESIGN §2): the running version's writes
+ * The shared core of Spark's entry point to pystatestore; `PythonStateStoreProvider`, in the
+ * adapter of each Spark minor (jvm-shim/src/spark-*), adds only what differs between minors. Thin by design (DESIGN §2): the running version's writes
  * stay in a buffer and committed versions are read in this JVM (from the read-only RocksDB view
  * the worker leaves on local disk, or, for the memory backend, from a heap near-cache), so per-row
  * calls never leave the JVM; loads, commits and maintenance go to the per-JVM Python worker, which
  * owns durability.
  */
-class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport with Logging {
-  import PythonStateStoreProvider._
+abstract class PythonStateStoreProviderCore extends StateStoreProvider with ChangeFeedSupport with Logging {
+  import ProviderCore._
 
   @volatile private var storeIdValue: StateStoreId = _
   private var keySchema: StructType = _
@@ -72,6 +73,13 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
     this.storeIdValue = stateStoreId
+    val runningMinor = org.apache.spark.SPARK_VERSION.split('.').take(2).mkString(".")
+    if (runningMinor != builtForSparkMinor) {
+      throw new IllegalStateException(s"$ProviderName (store $stateStoreId): this shim jar is built for Spark " +
+        s"$builtForSparkMinor, but the JVM runs Spark ${org.apache.spark.SPARK_VERSION}. Use " +
+        s"pystatestore-shim-spark$runningMinor.jar: pystatestore.jar_path() and configure_spark() pick it for " +
+        "the running pyspark")
+    }
     if (!counted) { counted = true; RocksViews.providerOpened() }
     this.keySchema = keySchema
     this.valueSchema = valueSchema
@@ -143,27 +151,52 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
 
   override def stateStoreId: StateStoreId = storeIdValue
 
-  override def getStore(version: Long, stateStoreCkptId: Option[String]): StateStore = {
+  // ---- what each Spark minor's adapter builds its signatures from ----
+
+  /** The Spark minor ("4.3") the adapter compiled into this jar is for. */
+  protected def builtForSparkMinor: String
+
+  /** The read store of the running Spark minor over `loaded`. */
+  protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore
+
+  /**
+   * The write store of the running Spark minor: `loaded` plus `readMarks` (null: a fresh buffer);
+   * with `forceSnapshot` its commit also makes the new version's snapshot before returning.
+   */
+  protected def newWriteStore(loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore
+
+  /** The write store for `version` (Spark's getStore, whatever its signature in this minor). */
+  protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore = {
     rejectCheckpointIds(stateStoreCkptId)
-    new PythonStateStore(this, loadForTask(version))
+    newWriteStore(loadForTask(version), null, forceSnapshot)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
     rejectCheckpointIds(uniqueId)
-    new PythonReadStateStore(this, loadForTask(version))
+    newReadStore(loadForTask(version))
   }
 
   /** Reuses the read store's loaded version: no second load, and no lock to wait on. */
-  override def upgradeReadStoreToWriteStore(
+  protected def upgradeToWriteStore(
       readStore: ReadStateStore,
       version: Long,
-      uniqueId: Option[String]): StateStore = readStore match {
-    case r: PythonReadStateStore if r.version == version && r.id == stateStoreId =>
+      uniqueId: Option[String],
+      forceSnapshot: Boolean): StateStore = readStore match {
+    case r: PythonReadStateStoreCore if r.version == version && r.id == stateStoreId =>
       rejectCheckpointIds(uniqueId)
       r.base.state.retain() // the write store holds its own reference
-      new PythonStateStore(this, r.base, r.handOverReadMarks())
-    case _ => getStore(version, uniqueId)
+      newWriteStore(r.base, r.handOverReadMarks(), forceSnapshot)
+    case _ => openWriteStore(version, uniqueId, forceSnapshot)
   }
+
+  /**
+   * Spark 4.2's `loadEmpty` (an empty store at a version, for offline repartitioning) is refused:
+   * the repartitioning that asks for it reads state only through Spark's RocksDB provider.
+   */
+  protected def refuseLoadEmpty(version: Long): Nothing =
+    throw SparkInternals.unsupportedOperation("loadEmpty",
+      s"$ProviderName does not open an empty store at version $version ($describeStore): offline state " +
+        "repartitioning (spark.streamingCheckpointManager.repartition) needs Spark's RocksDB state store provider")
 
   /**
    * `endVersion` rebuilt from the snapshot of `snapshotVersion` and the changes after it, skipping
@@ -183,7 +216,7 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
         throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of $describeStore from " +
           s"snapshot version $snapshotVersion: the snapshot must be version 1 or later and not after the end")
       }
-      new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion))
+      newWriteStore(replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
     }
@@ -227,15 +260,23 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
 
   private[pystatestore] def untrack(store: StoreResources): Unit = synchronized { liveStores.remove(store) }
 
-  override def doMaintenance(): Unit = {
+  /** Both parts of maintenance: Spark before 4.3 calls only this, 4.3 on unload. */
+  override def doMaintenance(): Unit = maintain(MaintainSnapshot, MaintainCleanup)
+
+  /**
+   * Maintenance in the worker: `MaintainSnapshot` makes a due snapshot of a changelog chain,
+   * `MaintainCleanup` applies retention and collects garbage.
+   */
+  protected def maintain(parts: String*): Unit = {
     // Only a provider that has written may delete: one opened just to read (e.g. the state data
     // source) never changes the checkpoint, even if a maintenance thread reaches it.
     if (!hasCommitted) return
+    val what = parts.mkString(",")
     try {
-      val reply = callWorker(s"maintenance of store $describeStore")(_.maintenance(_))
-      logDebug(s"Maintenance of $describeStore: ${compact(render(reply))}")
+      val reply = callWorker(s"maintenance ($what) of store $describeStore")(_.maintenance(_, what))
+      logDebug(s"Maintenance ($what) of $describeStore: ${compact(render(reply))}")
     } catch {
-      case NonFatal(e) => logWarning(s"Maintenance of $describeStore failed; will retry", e)
+      case NonFatal(e) => logWarning(s"Maintenance ($what) of $describeStore failed; will retry", e)
     }
   }
 
@@ -373,7 +414,7 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
    * worker never reads keys for bookkeeping.
    */
   private[pystatestore] def commitVersion(
-      base: CommittedVersion, buffer: WriteBuffer): (CommittedVersion, Map[String, Long]) = {
+      base: CommittedVersion, buffer: WriteBuffer, forceSnapshot: Boolean): (CommittedVersion, Map[String, Long]) = {
     val started = System.nanoTime()
     val newVersion = base.version + 1
     // Only the heap near-cache needs the changes again after the frame is written.
@@ -421,7 +462,7 @@ class PythonStateStoreProvider extends StateStoreProvider with ChangeFeedSupport
       val reply = try {
         callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
           svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys,
-            if (usesViews) viewDir.getAbsolutePath else "")
+            if (usesViews) viewDir.getAbsolutePath else "", forceSnapshot)
         }
       } catch {
         case e: StateWorkerException if e.errorType == "BaseVersionReplacedError" =>
@@ -545,8 +586,12 @@ private[pystatestore] object LoadMetrics {
   val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L)
 }
 
-object PythonStateStoreProvider {
+object ProviderCore {
   val ProviderName = "PythonStateStoreProvider"
+
+  /** The parts of maintenance, as the worker names them. */
+  val MaintainSnapshot = "snapshot"
+  val MaintainCleanup = "cleanup"
 
   val MetricCommitMs = "pystatestoreCommitMs"
   val MetricBridgeMs = "pystatestoreBridgeMs"
@@ -675,7 +720,7 @@ private[pystatestore] trait StoreResources {
 
 /** The base version a store reads, held until the store is released (once, whoever asks first). */
 private[pystatestore] final class BaseHold(
-    provider: PythonStateStoreProvider,
+    provider: PythonStateStoreProviderCore,
     val state: CommittedVersion,
     resources: AutoCloseable = null) extends StoreResources {
   private val released = new java.util.concurrent.atomic.AtomicBoolean(false)
@@ -692,9 +737,9 @@ private[pystatestore] final class BaseHold(
   }
 }
 
-/** Read-only view of one loaded version (Spark's ReadStateStore). */
-class PythonReadStateStore private[pystatestore] (
-    provider: PythonStateStoreProvider,
+/** Read-only view of one loaded version (Spark's ReadStateStore); the adapters make it concrete. */
+abstract class PythonReadStateStoreCore(
+    provider: PythonStateStoreProviderCore,
     loaded: LoadedVersion) extends ReadStateStore {
 
   /**
@@ -756,11 +801,15 @@ class PythonReadStateStore private[pystatestore] (
   override def toString: String = s"PythonReadStateStore[${provider.describeStore}, version $version]"
 }
 
-/** A writable version: its base version + a write buffer, committed through the Python worker. */
-class PythonStateStore private[pystatestore] (
-    provider: PythonStateStoreProvider,
+/**
+ * A writable version: its base version + a write buffer, committed through the Python worker; with
+ * `forceSnapshot` its commit also makes the new version's snapshot. The adapters make it concrete.
+ */
+abstract class PythonStateStoreCore(
+    provider: PythonStateStoreProviderCore,
     loaded: LoadedVersion,
-    readMarks: WriteBuffer = null) extends StateStore {
+    readMarks: WriteBuffer,
+    forceSnapshot: Boolean) extends StateStore {
 
   private sealed trait Phase
   private case object Updating extends Phase
@@ -837,7 +886,7 @@ class PythonStateStore private[pystatestore] (
     throw StoreChecks.noMultipleValues(provider)
 
   override def removeColFamilyIfExists(colFamilyName: String): Boolean =
-    throw SparkInternals.removingColumnFamiliesNotSupported(PythonStateStoreProvider.ProviderName)
+    throw SparkInternals.removingColumnFamiliesNotSupported(ProviderCore.ProviderName)
 
   override def createColFamilyIfAbsent(
       colFamilyName: String,
@@ -846,13 +895,13 @@ class PythonStateStore private[pystatestore] (
       keyStateEncoderSpec: KeyStateEncoderSpec,
       useMultipleValuesPerKey: Boolean,
       isInternal: Boolean): Unit =
-    throw SparkInternals.multipleColumnFamiliesNotSupported(PythonStateStoreProvider.ProviderName)
+    throw SparkInternals.multipleColumnFamiliesNotSupported(ProviderCore.ProviderName)
 
   override def commit(): Long = {
     requireUpdating("commit")
     hold.check("commit")
     try {
-      val (state, metrics) = provider.commitVersion(base, buffer)
+      val (state, metrics) = provider.commitVersion(base, buffer, forceSnapshot)
       // Spark may still read the store after committing (complete mode reads all rows): the store
       // keeps reading base + buffer, which is the committed version, until it is released.
       state.release() // the provider's cache keeps the new version
@@ -897,17 +946,17 @@ class PythonStateStore private[pystatestore] (
     val memoryWithWorker = memory + RocksViews.workerRssShare
     val load = loaded.load
     val loadValues = Map(
-      PythonStateStoreProvider.MetricLoadMs -> load.totalMs,
-      PythonStateStoreProvider.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
-      PythonStateStoreProvider.MetricLoadedBytes -> load.bytesRead,
-      PythonStateStoreProvider.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
-      PythonStateStoreProvider.MetricWorkerRssBytes -> RocksViews.workerRssShare)
+      ProviderCore.MetricLoadMs -> load.totalMs,
+      ProviderCore.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
+      ProviderCore.MetricLoadedBytes -> load.bytesRead,
+      ProviderCore.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
+      ProviderCore.MetricWorkerRssBytes -> RocksViews.workerRssShare)
     // A store may restore twice (once to load, once before committing): sum what both reported.
     val loadSide = load.fromReply ++ loadValues
     val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
       k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
     }.toMap
-    StateStoreMetrics(keys, memoryWithWorker, PythonStateStoreProvider.metricsMap(combined), Map.empty)
+    StateStoreMetrics(keys, memoryWithWorker, ProviderCore.metricsMap(combined), Map.empty)
   }
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
@@ -922,15 +971,15 @@ class PythonStateStore private[pystatestore] (
 }
 
 private[pystatestore] object StoreChecks {
-  def defaultFamily(name: String, provider: PythonStateStoreProvider): Unit = {
+  def defaultFamily(name: String, provider: PythonStateStoreProviderCore): Unit = {
     if (name != StateStore.DEFAULT_COL_FAMILY_NAME) {
       throw SparkInternals.multipleColumnFamiliesNotSupported(
-        s"${PythonStateStoreProvider.ProviderName} (column family '$name' asked of " +
+        s"${ProviderCore.ProviderName} (column family '$name' asked of " +
           s"${provider.describeStore}; column families come in a later pystatestore release)")
     }
   }
 
-  def prefixEnabled(provider: PythonStateStoreProvider): Unit = {
+  def prefixEnabled(provider: PythonStateStoreProviderCore): Unit = {
     if (provider.prefix.isEmpty) {
       throw new IllegalStateException(s"prefixScan on ${provider.describeStore}, which was not " +
         "opened with a prefix-scan key encoder")
@@ -944,8 +993,12 @@ private[pystatestore] object StoreChecks {
     new StateStoreIterator(pairs.map { case (k, v) => pair.withRows(k, v) }, () => toClose.foreach(_.close()))
   }
 
-  def noMultipleValues(provider: PythonStateStoreProvider): Throwable =
+  def noRangeScan(provider: PythonStateStoreProviderCore): Throwable =
+    SparkInternals.unsupportedOperation("range scan",
+      s"${ProviderCore.ProviderName} does not support range scans yet (${provider.describeStore})")
+
+  def noMultipleValues(provider: PythonStateStoreProviderCore): Throwable =
     SparkInternals.unsupportedOperation("multiple values per key",
-      s"${PythonStateStoreProvider.ProviderName} does not support multiple values per key yet " +
+      s"${ProviderCore.ProviderName} does not support multiple values per key yet " +
         s"(${provider.describeStore})")
 }

@@ -1,0 +1,68 @@
+package org.pystatestore
+
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateStore}
+import org.apache.spark.sql.types.StructType
+
+/**
+ * Spark 4.3's signatures over the shared core: 4.2's (getStore with forceSnapshotOnCommit and
+ * loadEmpty, ReadStoreSince42), plus split maintenance. Spark 4.3's maintenance threads call only
+ * `doSnapshotMaintenance` and `doCleanupMaintenance`, each under `maintenanceLock`'s read lock, and
+ * close an unloaded provider under its write lock; `doMaintenance` (both parts) runs only on unload.
+ */
+class PythonStateStoreProvider extends PythonStateStoreProviderCore {
+  override protected def builtForSparkMinor: String = "4.3"
+
+  override def getStore(
+      version: Long,
+      stateStoreCkptId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = {
+    if (loadEmpty) refuseLoadEmpty(version)
+    openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
+  }
+
+  override def upgradeReadStoreToWriteStore(
+      readStore: ReadStateStore,
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean): StateStore =
+    upgradeToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
+
+  /** An unloaded provider is closing (Spark holds or waits for the write lock): nothing to do. */
+  override def doSnapshotMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainSnapshot)
+
+  override def doCleanupMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainCleanup)
+
+  override protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore =
+    new PythonReadStateStore(this, loaded)
+
+  override protected def newWriteStore(
+      loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore =
+    new PythonStateStore(this, loaded, readMarks, forceSnapshot)
+}
+
+class PythonReadStateStore private[pystatestore] (provider: PythonStateStoreProviderCore, loaded: LoadedVersion)
+  extends PythonReadStateStoreCore(provider, loaded) with ReadStoreSince43 {
+  override protected def storeProvider: PythonStateStoreProviderCore = provider
+}
+
+class PythonStateStore private[pystatestore] (
+    provider: PythonStateStoreProviderCore,
+    loaded: LoadedVersion,
+    readMarks: WriteBuffer,
+    forceSnapshot: Boolean)
+  extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42 with ReadStoreSince43 {
+  override protected def storeProvider: PythonStateStoreProviderCore = provider
+}
+
+/** Spark 4.3's `registerColFamily`: column families are refused, as `createColFamilyIfAbsent` is. */
+trait ReadStoreSince43 extends ReadStoreSince42 {
+  override def registerColFamily(
+      colFamilyName: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useMultipleValuesPerKey: Boolean,
+      isInternal: Boolean): Unit =
+    StoreChecks.defaultFamily(colFamilyName, storeProvider)
+}
