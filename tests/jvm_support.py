@@ -21,12 +21,26 @@ def _build_jar_module():
     return mod
 
 
+def running_minor() -> str:
+    """The Spark minor of the pyspark this process imports (the test command runs several)."""
+    import pyspark
+
+    return pystatestore.minor_of(pyspark.__version__)
+
+
+def minor_test_sources(minor: str) -> list[Path]:
+    """The suite's Scala sources for what only `minor`'s API has: tests/jvm/<dir>/ for each of the
+    shim's adapter directories of that minor (jvm-shim/src/minors.txt)."""
+    dirs = [d.parent.name for d in _build_jar_module().source_dirs(minor) if d.parent.name != "main"]
+    return [p for d in dirs for p in sorted((ROOT / "tests" / "jvm" / d).glob("*.scala"))]
+
+
 def compile_test_jar(name: str, sources: list[Path]) -> Path:
     """Compiles `sources` against the running pyspark's Spark and its shim jar; rebuilt when a
     source is newer."""
     import pyspark
 
-    minor = pystatestore.minor_of(pyspark.__version__)
+    minor = running_minor()
     out = BUILD / f"{name}-spark{minor}.jar"
     shim = Path(pystatestore.jar_path())
     newest = max(p.stat().st_mtime for p in [*sources, shim])

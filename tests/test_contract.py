@@ -10,9 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from jvm_support import ROOT, compile_test_jar, python_path_for_worker, run_spark_submit
+from jvm_support import (
+    ROOT,
+    compile_test_jar,
+    minor_test_sources,
+    python_path_for_worker,
+    run_spark_submit,
+    running_minor,
+)
 
-SCENARIOS = re.findall(r'scenario\("([a-z0-9_]+)"\)', (ROOT / "tests" / "jvm" / "ContractSuite.scala").read_text())
+# The shared scenarios, then those of what only the running Spark minor's API has (tests/jvm/spark-*/).
+CONTRACT_SOURCES = [ROOT / "tests" / "jvm" / "ContractSuite.scala", *minor_test_sources(running_minor())]
+SCENARIOS = [n for src in CONTRACT_SOURCES for n in re.findall(r'scenario\("([a-z0-9_]+)"\)', src.read_text())]
 
 
 def foreign_release(root: Path) -> Path:
@@ -34,7 +43,7 @@ BACKENDS = ["rocksdb", "rocksdb:snapshot", "memory"]
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    jar = compile_test_jar("contract", [ROOT / "tests" / "jvm" / "ContractSuite.scala"])
+    jar = compile_test_jar("contract", CONTRACT_SOURCES)
     work = tmp_path_factory.mktemp(f"contract-{request.param.replace(':', '-')}")
     stall = [
         {"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1},
@@ -70,4 +79,16 @@ def test_contract(contract_results: dict[str, str], scenario: str) -> None:
 
 def test_every_scenario_is_collected() -> None:
     assert len(SCENARIOS) >= 12, SCENARIOS
+    assert len(set(SCENARIOS)) == len(SCENARIOS), "two scenarios share a name"
     assert Path(ROOT / "tests" / "jvm" / "ContractSuite.scala").exists()
+
+
+@pytest.mark.parametrize("minor", ["4.1", "4.2", "4.3"])
+def test_every_minor_has_its_own_scenarios(minor: str) -> None:
+    """Each minor's adapter is checked by scenarios of its own API (signatures, maintenance)."""
+    names = [n for src in minor_test_sources(minor) for n in re.findall(r'scenario\("([a-z0-9_]+)"\)', src.read_text())]
+    assert names, f"no scenarios for Spark {minor}"
+    if minor != "4.1":
+        assert "force_snapshot_on_commit_has_a_snapshot_when_commit_returns" in names
+    if minor == "4.3":
+        assert "split_maintenance_snapshots_and_cleans_up_separately" in names

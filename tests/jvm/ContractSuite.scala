@@ -28,8 +28,8 @@ import org.pystatestore.{PythonStateStoreProvider, StateWorker}
  * "PASS name" or "FAIL name: reason". Arguments: work dir, python executable, python path.
  */
 object ContractSuite {
-  private val keySchema = StructType(Seq(StructField("k", StringType), StructField("i", IntegerType)))
-  private val valueSchema = StructType(Seq(StructField("v", IntegerType)))
+  val keySchema: StructType = StructType(Seq(StructField("k", StringType), StructField("i", IntegerType)))
+  val valueSchema: StructType = StructType(Seq(StructField("v", IntegerType)))
   private val keyProj = UnsafeProjection.create(keySchema)
   private val valueProj = UnsafeProjection.create(valueSchema)
   private val prefixProj = UnsafeProjection.create(StructType(Seq(StructField("k", StringType))))
@@ -760,6 +760,7 @@ object ContractSuite {
     backend = args(3).split(":")(0)
     commitMode = args(3).split(":").lift(1).getOrElse("")
     val only = args.drop(4).toSet
+    MinorScenarios.register() // tests/jvm/spark-*/: what only this Spark minor's API has
     Files.createDirectories(workDir)
     val spark = SparkSession.builder().master("local[2]").appName("pystatestore-contract")
       .config("spark.ui.enabled", "false").getOrCreate()

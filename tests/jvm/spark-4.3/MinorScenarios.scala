@@ -1,0 +1,66 @@
+package org.pystatestore.tests
+
+import java.io.File
+
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec
+
+/**
+ * Spark 4.3: the additions since 4.2, plus split maintenance. Spark 4.3's maintenance threads call
+ * only doSnapshotMaintenance and doCleanupMaintenance, under maintenanceLock's read lock.
+ */
+object MinorScenarios {
+  import ContractSuite._
+
+  def register(): Unit = {
+    Since42Scenarios.register()
+
+    scenario("split_maintenance_snapshots_and_cleans_up_separately") {
+      val dir = newDir()
+      val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+        "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
+      val p = provider(dir, conf = conf)
+      def manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+      // As Spark 4.3's snapshot thread runs between batches: a snapshot every 2 versions, no GC.
+      (1 to 6).foreach { v => commitVersion(p, v - 1, Map(s"k$v" -> v)); p.doSnapshotMaintenance() }
+      check(manifests.size == 6, s"snapshot maintenance deleted versions: $manifests")
+      if (changelogCommits) {
+        val snapshots = Since42Scenarios.snapshotFiles(dir).map(_.takeWhile(_ != '-'))
+        check(snapshots == Seq("2", "4", "6"), s"snapshot maintenance made snapshots of: $snapshots")
+        Thread.sleep(10500) // past the grace that keeps the chain before a fresh snapshot
+      }
+      p.doCleanupMaintenance()
+      check(manifests == Seq("4.json", "5.json", "6.json"), s"cleanup maintenance applies retention: $manifests")
+      check(contents(provider(dir, conf = conf).getStore(6)).size == 6, "version 6 reloads")
+      p.close()
+    }
+
+    scenario("an_unloaded_provider_skips_periodic_maintenance") {
+      val dir = newDir()
+      val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "1",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "1")
+      val p = provider(dir, conf = conf)
+      (1 to 4).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
+      p.setUnloaded()
+      check(p.unloaded, "setUnloaded")
+      p.doSnapshotMaintenance()
+      p.doCleanupMaintenance()
+      val left = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().length
+      check(left == 4, s"an unloaded provider's maintenance deleted versions: $left manifests left")
+      check(Since42Scenarios.snapshotFiles(dir).isEmpty, s"an unloaded provider made a snapshot")
+      p.close()
+    }
+
+    scenario("register_col_family_accepts_the_default_family_only") {
+      val p = provider(newDir())
+      val s = p.getStore(0)
+      val spec = NoPrefixKeyStateEncoderSpec(keySchema)
+      s.registerColFamily("default", keySchema, valueSchema, spec, false, false)
+      val e = expectThrows[Throwable]("registerColFamily(other)")(
+        s.registerColFamily("other", keySchema, valueSchema, spec, false, false))
+      check(messages(e).toLowerCase.contains("column famil"), s"registerColFamily error: ${messages(e)}")
+      s.abort()
+      p.close()
+    }
+  }
+}
