@@ -11,6 +11,10 @@ more input file: state rebuilt from storage or local copies), with how many chan
 pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
+                                      [--pyspark 4.1|4.2|4.3]
+
+--pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
+scripts/build_jar.py, and our jar for it) against that minor's own built-in providers.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import pystatestore
+from pystatestore.spark_minors import BUILT_AGAINST
 
 OURS = pystatestore.PROVIDER_CLASS
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -209,6 +214,15 @@ def run_provider(
     return result
 
 
+def build_jar_module():  # noqa: ANN201 - scripts/build_jar.py, loaded by path
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_jar", Path(__file__).resolve().parent / "build_jar.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=100_000)
@@ -216,7 +230,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=PARTITIONS, help="shuffle partitions (Spark's default: 200)")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
+    ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
     args = ap.parse_args()
+    if args.pyspark:
+        build_jar_module().reexec_under_pyspark(args.pyspark)
     touched = max(1, int(args.keys * args.touched_pct / 100))
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
@@ -230,7 +247,8 @@ def main() -> None:
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: .venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
-        f"--batches {args.batches} --partitions {args.partitions}",
+        f"--batches {args.batches} --partitions {args.partitions}"
+        + (f" --pyspark {args.pyspark}" if args.pyspark else ""),
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Spark {spark_version}, local[2], {args.partitions} partitions, minBatchesToRetain={RETAIN}, "
         "maintenance every 2 s",

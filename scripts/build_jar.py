@@ -76,6 +76,21 @@ def pyspark_path(minor: str, *, provision: bool = True) -> Path:
     return target
 
 
+def reexec_under_pyspark(minor: str) -> None:
+    """Runs this script again with `minor`'s pyspark first on PYTHONPATH (benchmarks' --pyspark),
+    unless the running pyspark already is of that minor."""
+    import pyspark
+
+    if SPARK_MINORS.minor_of(pyspark.__version__) == minor:
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pyspark_path(minor)), env.get("PYTHONPATH")) if p)
+    env["PYSTATESTORE_REEXEC_MINOR"] = minor  # a second exec for the same minor means the path did not take
+    if os.environ.get("PYSTATESTORE_REEXEC_MINOR") == minor:
+        raise SystemExit(f"asked for Spark {minor}, but pyspark {pyspark.__version__} is still imported first")
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def spark_jars_dir(minor: str) -> Path:
     """`minor`'s jars: the compile classpath and the Scala compiler itself."""
     override = os.environ.get(f"PYSTATESTORE_SPARK_JARS_{minor.replace('.', '_')}")

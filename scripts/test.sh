@@ -1,12 +1,42 @@
 #!/usr/bin/env bash
-# README's test command: sets everything up, then runs lint and the whole test suite (unit,
-# model-based, JVM contract, end-to-end on local[2] and local-cluster[2,1,1024], faults, security)
-# against the installed wheel. Extra arguments go to pytest.
+# README's test command: sets everything up, then runs lint and the test suites against the
+# installed wheel:
+#   - the whole suite (unit, model-based, JVM contract, end-to-end on local[2] and
+#     local-cluster[2,1,1024], faults, security) on the default Spark minor (what pip gives);
+#   - the contract suite, the end-to-end suite and the GC test on every other supported minor,
+#     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
+# Extra arguments go to the default minor's pytest. Ends with one line that totals every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "test: ruff"
 .venv/bin/ruff check python tests scripts setup.py
-echo "test: pytest"
+
 export PYSTATESTORE_TEST_INSTALLED=1
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -o console_output_style=classic tests "$@"
+results=.test-results
+rm -rf "$results"; mkdir -p "$results"
+status=0
+
+run_suite() {  # minor, then pytest arguments
+  local minor=$1; shift
+  echo "test: pytest on Spark $minor"
+  PYSTATESTORE_EXPECT_SPARK_MINOR=$minor .venv/bin/python -m pytest -q -p no:cacheprovider \
+    -o console_output_style=classic --junitxml="$results/spark-$minor.xml" "$@" || status=1
+}
+
+default_minor=$(.venv/bin/python -c "from pystatestore.spark_minors import DEFAULT_MINOR; print(DEFAULT_MINOR)")
+run_suite "$default_minor" tests "$@"
+
+OTHER_MINOR_TESTS=(
+  tests/test_contract.py
+  tests/test_e2e.py
+  "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"
+)
+for minor in $(.venv/bin/python -c "from pystatestore.spark_minors import BUILT_AGAINST, DEFAULT_MINOR
+print(' '.join(m for m in BUILT_AGAINST if m != DEFAULT_MINOR))"); do
+  pyspark_dir=$(.venv/bin/python scripts/build_jar.py --pyspark-path "$minor")
+  PYTHONPATH="$pyspark_dir" run_suite "$minor" "${OTHER_MINOR_TESTS[@]}"
+done
+
+.venv/bin/python scripts/test_totals.py "$results"/*.xml || status=1
+exit $status

@@ -17,3 +17,23 @@ sys.path.insert(0, str(ROOT / "tests"))
 # PySpark's own Python workers (pandas UDFs) must run this interpreter, which has pyarrow/pandas.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def pytest_report_header() -> list[str]:
+    import pyspark
+
+    return [f"pyspark {pyspark.__version__} from {Path(pyspark.__file__).parent}"]
+
+
+def pytest_sessionstart() -> None:
+    """The test command runs the suites once per Spark minor by putting that minor's pyspark first
+    on PYTHONPATH: a run that imported another pyspark would test the wrong jar, so it stops."""
+    expected = os.environ.get("PYSTATESTORE_EXPECT_SPARK_MINOR")
+    if expected:
+        import pyspark
+
+        running = ".".join(pyspark.__version__.split(".")[:2])
+        if running != expected:
+            import pytest
+
+            pytest.exit(f"this run is meant for Spark {expected}, but imports pyspark {pyspark.__version__}", 4)
