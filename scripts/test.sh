@@ -28,6 +28,7 @@ default_minor=$(.venv/bin/python -c "from pystatestore.spark_minors import DEFAU
 run_suite "$default_minor" tests "$@"
 
 OTHER_MINOR_TESTS=(
+  tests/test_packaging.py
   tests/test_contract.py
   tests/test_e2e.py
   "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"

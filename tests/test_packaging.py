@@ -56,6 +56,8 @@ def test_jars_differ_only_by_adapter() -> None:
     assert PROVIDER_CLASS in core  # each minor's own, compiled from its adapter
     assert "org/pystatestore/ReadStoreSince42.class" in classes(jars["4.2"]) - classes(jars["4.1"])
     assert "org/pystatestore/ReadStoreSince43.class" in classes(jars["4.3"]) - classes(jars["4.2"])
+    before_43 = "org/pystatestore/ConstructibleOnLaterMinors.class"
+    assert before_43 in classes(jars["4.1"]) & classes(jars["4.2"]) and before_43 not in classes(jars["4.3"])
 
 
 @pytest.mark.parametrize("version", ["4.0.1", "4.4.0", "3.5.6", "5.0.0", "4"])
@@ -120,3 +122,49 @@ def test_jar_and_package_agree_on_release_and_protocol() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert release == pystatestore.__version__ == project
     assert protocol == PROTOCOL_VERSION
+
+
+WRONG_JAR_QUERY = """
+import sys, tempfile
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").config("spark.jars", sys.argv[1])
+         .config("spark.sql.streaming.stateStore.providerClass", sys.argv[2])
+         .config("spark.sql.shuffle.partitions", "1").config("spark.ui.enabled", "false").getOrCreate())
+query = (spark.readStream.format("rate").load().groupBy("value").count().writeStream.outputMode("update")
+         .format("noop").option("checkpointLocation", tempfile.mkdtemp()).start())
+try:
+    query.processAllAvailable()
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("jar_minor", sorted(BUILT_AGAINST))
+def test_a_jar_of_another_minor_names_the_jar_to_use(jar_minor: str, tmp_path: Path) -> None:
+    """A jar put on a Spark of another minor by hand fails with a message naming the right jar,
+    in every direction (4.1/4.2 jars on 4.3 used to die with an AbstractMethodError, and 4.3's on
+    4.1 with a NoSuchMethodError, before any check of ours ran)."""
+    import subprocess
+    import sys
+
+    import pyspark
+
+    running = running_minor()
+    if jar_minor == running:
+        pytest.skip("the running minor's own jar")
+    script = tmp_path / "query.py"
+    script.write_text(WRONG_JAR_QUERY)
+    jar = pystatestore.jar_path(BUILT_AGAINST[jar_minor])
+    proc = subprocess.run(
+        [sys.executable, str(script), jar, pystatestore.PROVIDER_CLASS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0, "a query on another minor's jar ran"
+    expected = (
+        f"built for Spark {jar_minor}, but this JVM runs Spark {pyspark.__version__}. "
+        f"Put {jar_name(running)} on the classpath instead"
+    )
+    assert expected in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]

@@ -30,6 +30,20 @@ import org.apache.spark.sql.types.StructType
 abstract class PythonStateStoreProviderCore extends StateStoreProvider with ChangeFeedSupport with Logging {
   import ProviderCore._
 
+  // A jar of another minor must say which jar to use before anything else can fail less clearly:
+  // Spark asks a provider it has only constructed for its metrics, and the ProviderCore object that
+  // holds them already links against this minor's Spark, so the check is the constructor's first
+  // act and names nothing from that object.
+  locally {
+    val runningMinor = org.apache.spark.SPARK_VERSION.split('.').take(2).mkString(".")
+    if (runningMinor != builtForSparkMinor) {
+      throw new IllegalStateException(s"PythonStateStoreProvider: this pystatestore shim jar is built for Spark " +
+        s"$builtForSparkMinor, but this JVM runs Spark ${org.apache.spark.SPARK_VERSION}. Put " +
+        s"pystatestore-shim-spark$runningMinor.jar on the classpath instead: pystatestore.jar_path() and " +
+        "pystatestore.configure_spark() pick the jar of the running pyspark.")
+    }
+  }
+
   @volatile private var storeIdValue: StateStoreId = _
   private var keySchema: StructType = _
   private var valueSchema: StructType = _
@@ -73,13 +87,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
     this.storeIdValue = stateStoreId
-    val runningMinor = org.apache.spark.SPARK_VERSION.split('.').take(2).mkString(".")
-    if (runningMinor != builtForSparkMinor) {
-      throw new IllegalStateException(s"$ProviderName (store $stateStoreId): this shim jar is built for Spark " +
-        s"$builtForSparkMinor, but the JVM runs Spark ${org.apache.spark.SPARK_VERSION}. Use " +
-        s"pystatestore-shim-spark$runningMinor.jar: pystatestore.jar_path() and configure_spark() pick it for " +
-        "the running pyspark")
-    }
     if (!counted) { counted = true; RocksViews.providerOpened() }
     this.keySchema = keySchema
     this.valueSchema = valueSchema

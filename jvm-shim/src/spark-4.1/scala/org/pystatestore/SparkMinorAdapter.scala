@@ -6,7 +6,7 @@ import org.apache.spark.sql.execution.streaming.state.{ReadStateStore, StateStor
  * Spark 4.1's signatures over the shared core: `getStore(version, uniqueId)` and the three-argument
  * `upgradeReadStoreToWriteStore`; maintenance is the core's `doMaintenance` (snapshot, then cleanup).
  */
-class PythonStateStoreProvider extends PythonStateStoreProviderCore {
+class PythonStateStoreProvider extends PythonStateStoreProviderCore with ConstructibleOnLaterMinors {
   override protected def builtForSparkMinor: String = "4.1"
 
   override def getStore(version: Long, stateStoreCkptId: Option[String]): StateStore =

@@ -7,7 +7,7 @@ import org.apache.spark.sql.execution.streaming.state.{ReadStateStore, StateStor
  * `loadEmpty`, `upgradeReadStoreToWriteStore` with `forceSnapshotOnCommit`, and the stores'
  * additions (ReadStoreSince42). Maintenance is the core's `doMaintenance` (snapshot, then cleanup).
  */
-class PythonStateStoreProvider extends PythonStateStoreProviderCore {
+class PythonStateStoreProvider extends PythonStateStoreProviderCore with ConstructibleOnLaterMinors {
   override protected def builtForSparkMinor: String = "4.2"
 
   override def getStore(
