@@ -1,30 +1,11 @@
 package org.pystatestore
 
-import org.apache.spark.sql.execution.streaming.state.{ReadStateStore, StateStore}
-
 /**
- * Spark 4.2's signatures over the shared core: `getStore` with `forceSnapshotOnCommit` and
- * `loadEmpty`, `upgradeReadStoreToWriteStore` with `forceSnapshotOnCommit`, and the stores'
- * additions (ReadStoreSince42). Maintenance is the core's `doMaintenance` (snapshot, then cleanup).
+ * Spark 4.2 over the shared core: 4.2's signatures (ProviderSince42) and the stores' additions
+ * (ReadStoreSince42). Maintenance is the core's `doMaintenance` (snapshot, then cleanup).
  */
-class PythonStateStoreProvider extends PythonStateStoreProviderCore with ConstructibleOnLaterMinors {
+class PythonStateStoreProvider extends PythonStateStoreProviderCore with ConstructibleOnLaterMinors with ProviderSince42 {
   override protected def builtForSparkMinor: String = "4.2"
-
-  override def getStore(
-      version: Long,
-      stateStoreCkptId: Option[String],
-      forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore = {
-    if (loadEmpty) refuseLoadEmpty(version)
-    openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
-  }
-
-  override def upgradeReadStoreToWriteStore(
-      readStore: ReadStateStore,
-      version: Long,
-      uniqueId: Option[String],
-      forceSnapshotOnCommit: Boolean): StateStore =
-    upgradeToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
 
   override protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore =
     new PythonReadStateStore(this, loaded)

@@ -1,32 +1,16 @@
 package org.pystatestore
 
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateStore}
+import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec
 import org.apache.spark.sql.types.StructType
 
 /**
- * Spark 4.3's signatures over the shared core: 4.2's (getStore with forceSnapshotOnCommit and
- * loadEmpty, ReadStoreSince42), plus split maintenance. Spark 4.3's maintenance threads call only
+ * Spark 4.3 over the shared core: 4.2's signatures and store additions (ProviderSince42,
+ * ReadStoreSince42), plus split maintenance and registerColFamily. Spark 4.3's maintenance threads call only
  * `doSnapshotMaintenance` and `doCleanupMaintenance`, each under `maintenanceLock`'s read lock, and
  * close an unloaded provider under its write lock; `doMaintenance` (both parts) runs only on unload.
  */
-class PythonStateStoreProvider extends PythonStateStoreProviderCore {
+class PythonStateStoreProvider extends PythonStateStoreProviderCore with ProviderSince42 {
   override protected def builtForSparkMinor: String = "4.3"
-
-  override def getStore(
-      version: Long,
-      stateStoreCkptId: Option[String],
-      forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore = {
-    if (loadEmpty) refuseLoadEmpty(version)
-    openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
-  }
-
-  override def upgradeReadStoreToWriteStore(
-      readStore: ReadStateStore,
-      version: Long,
-      uniqueId: Option[String],
-      forceSnapshotOnCommit: Boolean): StateStore =
-    upgradeToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
 
   /** An unloaded provider is closing (Spark holds or waits for the write lock): nothing to do. */
   override def doSnapshotMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainSnapshot)

@@ -1,0 +1,26 @@
+package org.pystatestore
+
+import org.apache.spark.sql.execution.streaming.state.{ReadStateStore, StateStore}
+
+/**
+ * Spark 4.2's provider signatures, for 4.2 and 4.3 alike: `getStore` with `forceSnapshotOnCommit`
+ * and `loadEmpty` (refused: only offline repartitioning asks for it), and
+ * `upgradeReadStoreToWriteStore` with `forceSnapshotOnCommit`.
+ */
+trait ProviderSince42 extends PythonStateStoreProviderCore {
+  override def getStore(
+      version: Long,
+      stateStoreCkptId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = {
+    if (loadEmpty) refuseLoadEmpty(version)
+    openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
+  }
+
+  override def upgradeReadStoreToWriteStore(
+      readStore: ReadStateStore,
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean): StateStore =
+    upgradeToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
+}
