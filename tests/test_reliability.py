@@ -27,7 +27,7 @@ from pystatestore.errors import (
     InvalidPathError,
     StoreConfigError,
 )
-from pystatestore.leases import LeaseLostError, validate_grace
+from pystatestore.leases import LEASE_DIR, CommitLease, LeaseLostError, validate_grace
 from pystatestore.remote import RemoteStore
 from pystatestore.service import StoreService
 
@@ -357,6 +357,27 @@ def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -
         commit(b, 1, changes({b"b": b"2"}), "t2")
     assert not manifest_file(store, 2).exists()
     assert state_of(make_backend("rocksdb", store, tmp_path / "r"), 1) == {b"a": b"1"}
+
+
+def test_leases_of_concurrent_attempts_are_renewed_and_none_outlives_its_attempt(tmp_path: Path) -> None:
+    """One thread renews every lease of the process: each live attempt's lease is written every
+    quarter of the grace, and an ended attempt's lease is removed and never written again."""
+    remote = RemoteStore(f"file:{tmp_path}")
+    first = CommitLease(remote, "a" * 32, 1, grace_seconds=10.0)
+    second = CommitLease(remote, "b" * 32, 2, grace_seconds=10.0)
+    leases = tmp_path / LEASE_DIR
+    with first:
+        with second:
+            assert not leases.exists() or not any(leases.iterdir()), "a fast attempt writes no lease"
+            time.sleep(2.5 * 1.3)  # past the first renewal (a quarter of the grace)
+            assert {p.name for p in leases.iterdir()} == {"a" * 32, "b" * 32}
+            written = json.loads((leases / ("b" * 32)).read_text())["at"]
+        assert not (leases / ("b" * 32)).exists(), "an ended attempt's lease stays"
+        time.sleep(2.5 * 1.3)
+        assert (leases / ("a" * 32)).exists() and not (leases / ("b" * 32)).exists()
+        assert json.loads((leases / ("a" * 32)).read_text())["at"] > written, "the live lease was not renewed"
+        first.check_before_publish()
+    assert not any(leases.iterdir())
 
 
 # -- defect 5: manifests are atomic where rename cannot replace a file (HDFS) ------------------------

@@ -97,8 +97,8 @@ class CommitLease:
         self.clock = clock
         self.path = f"{LEASE_DIR}/{token}"
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()
+        self._closed = False
         self._started = 0.0
         self._last_renewal = 0.0
         self._longest_gap = 0.0
@@ -106,32 +106,33 @@ class CommitLease:
 
     def __enter__(self) -> CommitLease:
         self._started = self._last_renewal = self.clock()
-        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.token[:8]}", daemon=True)
-        self._thread.start()
+        _RENEWALS.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        _RENEWALS.remove(self)
+        with self._renewing:  # waits for a renewal in flight; none starts after this
+            self._closed = True
         if self._written:
             try:
                 self.remote.delete(self.path)
             except OSError as e:  # GC removes expired leases; this is only tidiness
                 log.debug("could not remove lease %s of %s: %s", self.path, self.remote.uri, e)
 
-    def _renew_loop(self) -> None:
-        interval = self.grace / 4
-        while not self._stop.wait(interval):
-            self.renew()
+    @property
+    def renewal_interval(self) -> float:
+        return self.grace / 4
 
     def renew(self) -> None:
-        body = json.dumps({"version": self.version, "token": self.token, "at": self.clock()}).encode()
-        try:
-            self.remote.write_bytes(self.path, body)
-        except OSError as e:
-            log.warning("could not renew lease %s of %s: %s", self.path, self.remote.uri, e)
-            return
+        with self._renewing:
+            if self._closed:  # the attempt has ended: writing now would leave a stale lease
+                return
+            body = json.dumps({"version": self.version, "token": self.token, "at": self.clock()}).encode()
+            try:
+                self.remote.write_bytes(self.path, body)
+            except OSError as e:
+                log.warning("could not renew lease %s of %s: %s", self.path, self.remote.uri, e)
+                return
         with self._lock:
             now = self.clock()
             self._longest_gap = max(self._longest_gap, now - self._last_renewal)
@@ -150,3 +151,43 @@ class CommitLease:
                 version=self.version,
                 file=self.path,
             )
+
+
+class _LeaseRenewals:
+    """One daemon thread renews every live lease of the process when it is due. Nearly every commit
+    ends within a quarter of the grace and never renews, so entering a lease costs a dict insert,
+    not a thread started and joined per commit. Renewals run outside the scheduler's lock, one
+    after another: a lease stalled on its storage delays the others, which share that storage."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[CommitLease, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: CommitLease) -> None:
+        with self._cond:
+            self._due[lease] = time.monotonic() + lease.renewal_interval
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-renewals", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lease: CommitLease) -> None:
+        with self._cond:
+            self._due.pop(lease, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [lease for lease, at in self._due.items() if at <= now]
+                for lease in due:
+                    self._due[lease] = now + lease.renewal_interval
+                if not due:
+                    self._cond.wait(timeout=min(self._due.values(), default=now + 60.0) - now)
+                    continue
+            for lease in due:
+                lease.renew()
+
+
+_RENEWALS = _LeaseRenewals()
