@@ -12,7 +12,9 @@ any step of making one; restores walk chains of changelog versions back to a sna
 
 After every step: every retained version reloads to exactly the model's content from a cold worker,
 and no file a retained version needs (its chain included) is missing; after maintenance past the
-grace period, no file remains that no retained version needs.
+grace period, no file remains that no retained version needs. Retained: the newest version and the
+RETAIN before it, and the version committed last (after a reload of an older version it is below
+them, and the next commit builds on it).
 
 The CI run uses the "ci" profile; `scripts/model_check.sh` runs 10,000 histories.
 """
@@ -135,6 +137,9 @@ class BackendModel(RuleBasedStateMachine):
         self.other = self.new_backend()  # another executor's instance of the same store
         self.committed: dict[int, dict[bytes, bytes]] = {0: {}}  # versions that must reload exactly
         self.stale: dict[int, dict[bytes, bytes]] = {}  # changelog versions whose parent was replaced
+        # The version whose manifest was written last: kept whatever its number, since the next commit
+        # builds on it (after a re-run of older batches it is below the newest versions).
+        self.last_committed: int | None = None
         self.base = 0
         self.pending: dict[bytes, bytes | None] = {}
 
@@ -354,6 +359,7 @@ class BackendModel(RuleBasedStateMachine):
         it reads them), and must say so rather than load something else."""
         self.committed[version] = state
         self.stale.pop(version, None)
+        self.last_committed = version
         if self.MODE == "changelog":
             for v in [v for v in self.committed if v > version]:
                 self.stale[v] = self.committed.pop(v)
@@ -365,7 +371,7 @@ class BackendModel(RuleBasedStateMachine):
     def forget_below(self, lowest: int | None) -> None:
         if lowest is None:
             return
-        for v in [v for v in self.committed if v < lowest and v != 0]:
+        for v in [v for v in self.committed if v < lowest and v not in (0, self.last_committed)]:
             del self.committed[v]
         for v in [v for v in self.stale if v < lowest]:
             del self.stale[v]
@@ -374,12 +380,16 @@ class BackendModel(RuleBasedStateMachine):
         d = self.store_dir / "manifests"
         return [int(p.stem) for p in d.glob("*.json")] if d.exists() else []
 
+    def is_retained(self, version: int, lowest: int | None) -> bool:
+        """Spark's rule (the newest version and the RETAIN before it), and the version committed last."""
+        return lowest is not None and (version >= lowest or version == self.last_committed)
+
     def retained_manifests(self) -> dict[int, dict]:
         lowest = self.lowest_retained()
         return {
             v: json.loads((self.store_dir / "manifests" / f"{v}.json").read_text())
             for v in self.manifest_versions()
-            if lowest is not None and v >= lowest
+            if self.is_retained(v, lowest)
         }
 
     def data_files(self) -> set[str]:
@@ -433,7 +443,7 @@ class BackendModel(RuleBasedStateMachine):
         reader = self.new_backend(local_copies=False)  # a worker on another host: only the checkpoint
         try:
             for v, expected in self.committed.items():
-                if v == 0 or lowest is None or v < lowest:
+                if v == 0 or not self.is_retained(v, lowest):
                     continue
                 assert state_of(reader, v) == expected, f"version {v}"
             for v in self.stale:

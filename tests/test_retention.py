@@ -80,6 +80,28 @@ def test_a_retained_chain_keeps_its_old_manifests_and_changes() -> None:
     assert plan.delete_files == ("shared/1.sst",)
 
 
+def test_the_version_committed_last_is_kept_whatever_its_number() -> None:
+    """Spark re-ran batches from the start: version 1 was committed again (its manifest written
+    last) while versions up to 4 exist. The next commit builds on it, so it stays with its files,
+    however old; the other versions below the lowest retained one go as usual."""
+    versions = {
+        1: ["shared/1b.sst"],
+        2: ["shared/2.sst"],
+        3: ["shared/3.sst"],
+        4: ["shared/4.sst"],
+        5: ["shared/5.sst"],
+    }
+    listing = [
+        f if f.path != "manifests/1.json" else RemoteFile(f.path, f.size, NOW - GRACE - 1)
+        for f in listing_for(versions)
+    ]
+    plan = plan_retention(listing, versions, min_versions_to_retain=2, now=NOW, orphan_grace_seconds=GRACE)
+    assert plan.lowest_retained == 3
+    assert plan.kept_versions == (1, 3, 4, 5)
+    assert plan.delete_manifests == ("manifests/2.json",)
+    assert plan.delete_files == ("shared/2.sst",)
+
+
 def test_without_manifests_only_old_orphans_go() -> None:
     """A first commit that crashed before its manifest leaves orphans; they go after the grace period."""
     listing = [RemoteFile("private/1-a/CURRENT", 1, NOW - GRACE - 1), RemoteFile("shared/x.sst", 1, NOW - 5)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from backend_support import MODES, changes, commit, make_backend, state_of
+from pystatestore.backends import StateBackend
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.manifest import snapshot_of
 from pystatestore.remote import RemoteFile
@@ -250,6 +252,63 @@ def test_a_replaced_snapshot_goes_without_waiting_for_the_grace_period(store_dir
         needed |= b.dependencies(b.read_manifest(v), snapshots=snapshots_in(store_dir), now=time.time())
     data = {f for f in files_of(store_dir) if not f.startswith(("manifests/", "leases/"))}
     assert data == {p for p in needed if not p.startswith("manifests/")}
+
+
+def materialize_if_due(b: StateBackend) -> None:
+    """What maintenance does before collecting garbage: a snapshot of the newest version, if due."""
+    job = b.prepare_materialization()
+    if job is not None:
+        b.finish_materialization(job)
+        b.complete_materialization(job)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gc_keeps_the_version_committed_last_when_spark_reruns_older_batches(
+    store_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    """Spark re-runs batches from the start: version 1 is committed again while versions up to 4
+    exist, so by number it is below the lowest retained version (2), yet the next commit builds on
+    it. Garbage collection by another executor in the middle of that commit keeps it (its manifest,
+    its files) whatever its age, so the new version 2 reloads."""
+    writer = make_backend("rocksdb", store_dir, tmp_path / "writer", retain=2, grace=60.0, mode=mode, min_deltas=2)
+    for v in range(1, 5):
+        commit(writer, v - 1, changes({f"old{v}-{i}".encode(): b"x" * 50 for i in range(100)}), f"t{v}")
+        materialize_if_due(writer)  # changelog mode: snapshots of 2 and 4 end the old versions' chains
+    rerun = {f"new-{i}".encode(): b"y" * 50 for i in range(100)}
+    commit(writer, 0, changes(rerun), "rerun-1")
+    collector = make_backend("rocksdb", store_dir, tmp_path / "collector", retain=2, grace=60.0, mode=mode)
+    reports: list[dict] = []
+
+    def collect_garbage_meanwhile(point: str) -> None:
+        if point == "commit:checkpointed" and not reports:
+            reports.append(collector.maintenance(now=time.time() + 61))  # everything is past the grace
+
+    writer.fault_hook = collect_garbage_meanwhile
+    commit(writer, 1, changes({b"new-more": b"z"}), "rerun-2", num_keys=len(rerun) + 1)
+    assert reports and reports[0]["lowestRetained"] == 2, reports
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"}, mode=mode)
+    assert state_of(cold, 2) == rerun | {b"new-more": b"z"}
+
+
+def test_maintenance_makes_no_snapshot_of_a_version_whose_parent_was_replaced(
+    store_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An executor still holds version 3 in its local DB, but version 2 was replaced since (Spark
+    re-ran batch 1 elsewhere): version 3's chain cannot be walked. Periodic maintenance makes no
+    snapshot of it (Spark commits it again before reading it) and collects garbage as usual; only a
+    forced snapshot says why it cannot be made."""
+    holder = make_backend("rocksdb", store_dir, tmp_path / "holder", min_deltas=2)
+    for v in range(1, 4):
+        commit(holder, v - 1, changes({f"k{v}".encode(): b"1"}), f"t{v}", num_keys=v)
+    rerun = make_backend("rocksdb", store_dir, tmp_path / "rerun")
+    commit(rerun, 1, changes({b"other": b"2"}), "rerun-2", num_keys=2)
+    with caplog.at_level(logging.WARNING, logger="pystatestore.rocksdb"):
+        assert holder.prepare_materialization() is None
+    assert "no snapshot of version 3" in caplog.text and "manifests/2.json" in caplog.text, caplog.text
+    assert holder.maintenance()["lowestRetained"] is not None
+    with pytest.raises(CheckpointDamagedError, match="holds changes to attempt"):
+        holder.prepare_materialization(force=True)
+    assert not (store_dir / "snapshots").exists() or not any((store_dir / "snapshots").iterdir())
 
 
 def snapshots_in(store_dir: Path) -> dict[tuple[int, str], RemoteFile]:

@@ -40,6 +40,21 @@ def lowest_retained_version(versions: Iterable[int], min_versions_to_retain: int
     return max(vs) - max(min_versions_to_retain, 0)
 
 
+def last_published_version(listing: Iterable[RemoteFile]) -> int | None:
+    """The version whose manifest was written last (the newest modification time; on a tie, the
+    higher version), or None when storage gives no times. Normally the newest version. After Spark
+    re-runs older batches (or a late attempt publishes), it is a lower one that the next commit is
+    building on right now, unseen by garbage collection: a fast commit writes no lease."""
+    written = [
+        (f.mtime, v)
+        for f in listing
+        if f.path.startswith(MANIFEST_DIR + "/")
+        and f.mtime is not None
+        and (v := version_of_manifest(f.path)) is not None
+    ]
+    return max(written)[1] if written else None
+
+
 def version_of_replaced_manifest(path: str) -> int | None:
     """The version of a manifest that `RemoteStore.publish` set aside, or None."""
     m = _REPLACED.match(path.rsplit("/", 1)[-1])
@@ -65,6 +80,8 @@ def plan_retention(
     and the attempt that wrote them holds no live lease (see leases.py). `dirs` are the attempt
     directories (`private/<v>-<token>`); those of attempts that published a manifest (they never
     write again) or that are dead (no live lease, older than the grace) are removed once empty.
+    The version whose manifest was written last is kept like a retained one, whatever its number
+    (`last_published_version`): after Spark re-runs older batches, the next commit builds on it.
     """
     files = list(listing)
     grace = orphan_grace_seconds
@@ -89,7 +106,10 @@ def plan_retention(
     if lowest is None:  # no version committed yet: only orphans of crashed first attempts can go
         orphans = tuple(sorted(f.path for f in files if f.path.startswith(DATA_DIRS) and expired_orphan(f)))
         return RetentionPlan(None, (), orphans + stale_leases, (), dead_dirs)
-    kept = sorted(v for v in referenced_by_version if v >= lowest)
+    # The version committed last stays too, whatever its number: the next commit may be building on
+    # it (its manifest, chain and files) while this runs.
+    last = last_published_version(files)
+    kept = sorted(v for v in referenced_by_version if v >= lowest or v == last)
     if any(referenced_by_version[v] is None for v in kept):
         # What that version needs (its chain's manifests included) is unknown: delete nothing it might.
         return RetentionPlan(lowest, (), stale_leases, tuple(kept))
@@ -100,7 +120,7 @@ def plan_retention(
         sorted(
             f.path
             for f in in_manifest_dir
-            if (v := version_of_manifest(f.path)) is not None and v < lowest and f.path not in needed
+            if (v := version_of_manifest(f.path)) is not None and v < lowest and v != last and f.path not in needed
         )
     )
     finals = {version_of_manifest(f.path) for f in in_manifest_dir} - {None}
@@ -117,7 +137,8 @@ def plan_retention(
         )
     )
     registry = SharedStateRegistry.from_manifests({v: refs or () for v, refs in referenced_by_version.items()})
-    unused = set(registry.unused_before(lowest))
+    # A file the last committed version needs has its last use below `lowest` when that version is.
+    unused = set(registry.unused_before(lowest)) - needed
     doomed = [
         f.path
         for f in files

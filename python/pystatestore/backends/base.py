@@ -29,7 +29,13 @@ from ..manifest import (
     version_of_manifest,
 )
 from ..remote import RemoteFile, RemoteStore, describe_foreign_layout
-from ..retention import RetentionPlan, lowest_retained_version, plan_retention, version_of_replaced_manifest
+from ..retention import (
+    RetentionPlan,
+    last_published_version,
+    lowest_retained_version,
+    plan_retention,
+    version_of_replaced_manifest,
+)
 
 log = logging.getLogger("pystatestore.backends")
 BACKEND_CONF = "spark.sql.streaming.stateStore.pystatestore.backend"
@@ -436,8 +442,9 @@ class StateBackend(abc.ABC):
         self, manifests: list[RemoteFile], data_files: list[RemoteFile], *, now: float
     ) -> dict[int, list[str] | None]:
         """What each version with a manifest needs (None: its manifest is unreadable). A retained
-        version needs its whole chain back to a snapshot; an older one, only what it names itself
-        (it is going, and with it what only it used)."""
+        version needs its whole chain back to a snapshot; so does the version committed last, which
+        retention keeps whatever its number (the next commit builds on it); an older one, only what
+        it names itself (it is going, and with it what only it used)."""
         snapshots = {
             key: f for f in data_files if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
         }
@@ -445,12 +452,13 @@ class StateBackend(abc.ABC):
             {version_of_manifest(f.path) for f in manifests} | {version_of_replaced_manifest(f.path) for f in manifests}
         ) - {None}
         lowest = lowest_retained_version(versions, self.ctx.min_versions_to_retain)
+        last = last_published_version(manifests)
         refs: dict[int, list[str] | None] = {}
         cache: dict[int, Manifest] = {}
         for v in sorted(versions, reverse=True):
             try:
                 m = cache.get(v) or self.read_any_manifest(v)
-                if lowest is not None and v >= lowest:
+                if lowest is not None and (v >= lowest or v == last):
                     needed = self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
                 else:
                     # A version on its way out: its own files and the snapshot made of it, so the

@@ -132,7 +132,9 @@ class MemoryBackend(StateBackend):
         )
 
     def _after_retention(self, plan: RetentionPlan) -> None:
-        for v in [v for v in self._versions if plan.lowest_retained is not None and v < plan.lowest_retained]:
+        if plan.lowest_retained is None:
+            return
+        for v in [v for v in self._versions if v not in plan.kept_versions]:  # kept: the last committed too
             del self._versions[v]
 
     def close(self) -> None:

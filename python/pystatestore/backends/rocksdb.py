@@ -42,7 +42,7 @@ import pyarrow as pa
 import rocksdict
 
 from .. import changelog, frames
-from ..errors import CheckpointDamagedError, StoreConfigError
+from ..errors import CheckpointDamagedError, CheckpointMissingError, StoreConfigError
 from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
 from ..manifest import (
     KEY_ENCODING_PREFIX,
@@ -876,7 +876,10 @@ class RocksDBBackend(StateBackend):
         """Under the store's lock: if the newest version is a changelog version the local DB holds
         and the chain since the last snapshot is long (minDeltasForSnapshot) or large, or it has no
         snapshot and `force` asks for one, a checkpoint of it (hard links) to make its snapshot
-        from. Nothing is uploaded here."""
+        from. Nothing is uploaded here. A chain that cannot be walked (an ancestor was replaced
+        after the version was committed on it) gets no snapshot: Spark commits such a version
+        again before it reads it, so periodic maintenance skips it and goes on collecting garbage;
+        a `force`d snapshot says why it cannot be made."""
         if self.mode != "changelog" or self._db is None or not self._db_version or self._db_dir is None:
             return None
         newest = max((v for f in self.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
@@ -886,15 +889,28 @@ class RocksDBBackend(StateBackend):
         if not m.is_changelog or not self._db_is(m):
             return None
         deltas, size = 0, 0
-        for c in self.chain_back(m):
-            if not c.is_changelog or self.remote.exists(snapshot_path(c.version, c.manifest_id)):
-                break
-            deltas += 1
-            size += c.changes.ref.size if c.changes else 0
-        due = deltas >= self.ctx.min_deltas_for_snapshot or size >= self.changelog_max_bytes
-        if not (due or (force and deltas > 0)):
+        try:
+            for c in self.chain_back(m):
+                if not c.is_changelog or self.remote.exists(snapshot_path(c.version, c.manifest_id)):
+                    break
+                deltas += 1
+                size += c.changes.ref.size if c.changes else 0
+            due = deltas >= self.ctx.min_deltas_for_snapshot or size >= self.changelog_max_bytes
+            if not (due or (force and deltas > 0)):
+                return None
+            reuse_from = self._reusable_for(m)
+        except (CheckpointDamagedError, CheckpointMissingError) as e:
+            if force:
+                raise
+            log.warning(
+                "store %s: no snapshot of version %d: %s (file %s); loading it fails the same way until Spark "
+                "commits it again",
+                self.ctx.store_dir,
+                m.version,
+                e.problem,
+                e.file,
+            )
             return None
-        reuse_from = self._reusable_for(m)
         checkpoint_dir = self.work_dir / f"materialize-{m.version}-{uuid.uuid4().hex[:8]}"
         rocksdict.Checkpoint(self._db).create_checkpoint(str(checkpoint_dir))
         return Materialization(m, checkpoint_dir, reuse_from, self._db_dir)
