@@ -140,8 +140,10 @@ def executor_pids(app_id: str) -> list[int]:
     return sorted(pids)
 
 
-@pytest.mark.cluster
-def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
+def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
+    """A first run in which one executor is SIGKILLed once version 2 exists: the stores it held
+    (store -> the first version the other executor wrote), and the restore metrics of each batch."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     files_per_phase = 4
     state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
     killed: list[int] = []
@@ -180,10 +182,22 @@ def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
                 moved_at[store.name] = v + 1
     assert moved_at, "no store of the killed executor was taken over by the other one"
     per_batch = {p["batchId"]: restore_totals([p]) for p in progress if 1 <= p["batchId"] < files_per_phase}
-    for store, version in moved_at.items():
-        restored = per_batch[version - 1]  # batch b writes version b + 1
-        assert restored["pystatestoreRestoreLocalBytes"] > 0 and restored["pystatestoreRestoreRemoteBytes"] == 0, (
-            store,
-            version,
-            per_batch,
-        )
+    return moved_at, per_batch
+
+
+@pytest.mark.cluster
+def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
+    for attempt in range(2):
+        moved_at, per_batch = kill_an_executor_mid_stream(tmp_path / f"run{attempt}")
+        restores = {store: per_batch[version - 1] for store, version in moved_at.items()}  # batch b writes b + 1
+        for store, restored in restores.items():
+            # From the checkpoint: files downloaded, or changes replayed (inline in manifests: no files)
+            checkpoint_keys = ("RemoteFiles", "RemoteBytes", "ChangelogVersions")
+            from_checkpoint = sum(restored[f"pystatestoreRestore{k}"] for k in checkpoint_keys)
+            assert from_checkpoint == 0, ("restored from the checkpoint", store, moved_at, per_batch)
+        if any(r["pystatestoreRestoreLocalBytes"] > 0 for r in restores.values()):
+            return
+        # The batch reported no restore at all: the killed executor's shuffle output went with it, so
+        # the moved store's first attempt restored (and its metrics were discarded with it) before it
+        # failed to fetch, and the retry found the state already loaded. Nothing is shown; run again.
+    pytest.fail(f"two runs in a row showed no local restore of the moved stores: {moved_at}, {per_batch}")
