@@ -21,9 +21,10 @@ import org.apache.spark.sql.types.StructType
 
 /**
  * The shared core of Spark's entry point to pystatestore; `PythonStateStoreProvider`, in the
- * adapter of each Spark minor (jvm-shim/src/spark-*), adds only what differs between minors. Thin by design (DESIGN §2): the running version's writes
- * stay in a buffer and committed versions are read in this JVM (from the read-only RocksDB view
- * the worker leaves on local disk, or, for the memory backend, from a heap near-cache), so per-row
+ * adapter of each Spark minor (jvm-shim/src/spark-*), adds only what differs between minors.
+ * Thin by design (DESIGN §2): the running version's writes stay in a buffer and committed versions
+ * are read in this JVM (from the read-only RocksDB view the worker leaves on local disk, or, for
+ * the memory backend, from a heap near-cache), so per-row
  * calls never leave the JVM; loads, commits and maintenance go to the per-JVM Python worker, which
  * owns durability.
  */
@@ -163,24 +164,20 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   /** The Spark minor ("4.3") the adapter compiled into this jar is for. */
   protected def builtForSparkMinor: String
 
-  /** The read store of the running Spark minor over `loaded`. */
-  protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore
-
-  /**
-   * The write store of the running Spark minor: `loaded` plus `readMarks` (null: a fresh buffer);
-   * with `forceSnapshot` its commit also makes the new version's snapshot before returning.
-   */
-  protected def newWriteStore(loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore
+  // The stores are `PythonReadStateStore` and `PythonStateStore`, which each minor's adapter
+  // defines (with that minor's ReadStateStore additions) over the core stores below: a write store
+  // is `loaded` plus `readMarks` (null: a fresh buffer); with `forceSnapshot` its commit also makes
+  // the new version's snapshot before returning.
 
   /** The write store for `version` (Spark's getStore, whatever its signature in this minor). */
   protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore = {
     rejectCheckpointIds(stateStoreCkptId)
-    newWriteStore(loadForTask(version), null, forceSnapshot)
+    new PythonStateStore(this, loadForTask(version), null, forceSnapshot)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
     rejectCheckpointIds(uniqueId)
-    newReadStore(loadForTask(version))
+    new PythonReadStateStore(this, loadForTask(version))
   }
 
   /** Reuses the read store's loaded version: no second load, and no lock to wait on. */
@@ -192,7 +189,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     case r: PythonReadStateStoreCore if r.version == version && r.id == stateStoreId =>
       rejectCheckpointIds(uniqueId)
       r.base.state.retain() // the write store holds its own reference
-      newWriteStore(r.base, r.handOverReadMarks(), forceSnapshot)
+      new PythonStateStore(this, r.base, r.handOverReadMarks(), forceSnapshot)
     case _ => openWriteStore(version, uniqueId, forceSnapshot)
   }
 
@@ -223,7 +220,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of $describeStore from " +
           s"snapshot version $snapshotVersion: the snapshot must be version 1 or later and not after the end")
       }
-      newWriteStore(replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
+      new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
     }
@@ -748,6 +745,8 @@ private[pystatestore] final class BaseHold(
 abstract class PythonReadStateStoreCore(
     provider: PythonStateStoreProviderCore,
     loaded: LoadedVersion) extends ReadStateStore {
+  /** The provider, for the adapters' additions (their errors name its store). */
+  protected def storeProvider: PythonStateStoreProviderCore = provider
 
   /**
    * What Spark's reads found, for the write store this one may be upgraded to. Created lazily;
@@ -817,6 +816,8 @@ abstract class PythonStateStoreCore(
     loaded: LoadedVersion,
     readMarks: WriteBuffer,
     forceSnapshot: Boolean) extends StateStore {
+  /** The provider, for the adapters' additions (their errors name its store). */
+  protected def storeProvider: PythonStateStoreProviderCore = provider
 
   private sealed trait Phase
   private case object Updating extends Phase

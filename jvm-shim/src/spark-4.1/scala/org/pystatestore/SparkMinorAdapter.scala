@@ -17,13 +17,6 @@ class PythonStateStoreProvider extends PythonStateStoreProviderCore with Constru
       version: Long,
       uniqueId: Option[String]): StateStore =
     upgradeToWriteStore(readStore, version, uniqueId, forceSnapshot = false)
-
-  override protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore =
-    new PythonReadStateStore(this, loaded)
-
-  override protected def newWriteStore(
-      loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore =
-    new PythonStateStore(this, loaded, readMarks, forceSnapshot)
 }
 
 class PythonReadStateStore private[pystatestore] (provider: PythonStateStoreProviderCore, loaded: LoadedVersion)

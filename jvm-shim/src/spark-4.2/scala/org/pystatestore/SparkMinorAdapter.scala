@@ -6,25 +6,14 @@ package org.pystatestore
  */
 class PythonStateStoreProvider extends PythonStateStoreProviderCore with ConstructibleOnLaterMinors with ProviderSince42 {
   override protected def builtForSparkMinor: String = "4.2"
-
-  override protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore =
-    new PythonReadStateStore(this, loaded)
-
-  override protected def newWriteStore(
-      loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore =
-    new PythonStateStore(this, loaded, readMarks, forceSnapshot)
 }
 
 class PythonReadStateStore private[pystatestore] (provider: PythonStateStoreProviderCore, loaded: LoadedVersion)
-  extends PythonReadStateStoreCore(provider, loaded) with ReadStoreSince42 {
-  override protected def storeProvider: PythonStateStoreProviderCore = provider
-}
+  extends PythonReadStateStoreCore(provider, loaded) with ReadStoreSince42
 
 class PythonStateStore private[pystatestore] (
     provider: PythonStateStoreProviderCore,
     loaded: LoadedVersion,
     readMarks: WriteBuffer,
     forceSnapshot: Boolean)
-  extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42 {
-  override protected def storeProvider: PythonStateStoreProviderCore = provider
-}
+  extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42

@@ -16,28 +16,17 @@ class PythonStateStoreProvider extends PythonStateStoreProviderCore with Provide
   override def doSnapshotMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainSnapshot)
 
   override def doCleanupMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainCleanup)
-
-  override protected def newReadStore(loaded: LoadedVersion): PythonReadStateStoreCore =
-    new PythonReadStateStore(this, loaded)
-
-  override protected def newWriteStore(
-      loaded: LoadedVersion, readMarks: WriteBuffer, forceSnapshot: Boolean): PythonStateStoreCore =
-    new PythonStateStore(this, loaded, readMarks, forceSnapshot)
 }
 
 class PythonReadStateStore private[pystatestore] (provider: PythonStateStoreProviderCore, loaded: LoadedVersion)
-  extends PythonReadStateStoreCore(provider, loaded) with ReadStoreSince43 {
-  override protected def storeProvider: PythonStateStoreProviderCore = provider
-}
+  extends PythonReadStateStoreCore(provider, loaded) with ReadStoreSince43
 
 class PythonStateStore private[pystatestore] (
     provider: PythonStateStoreProviderCore,
     loaded: LoadedVersion,
     readMarks: WriteBuffer,
     forceSnapshot: Boolean)
-  extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42 with ReadStoreSince43 {
-  override protected def storeProvider: PythonStateStoreProviderCore = provider
-}
+  extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42 with ReadStoreSince43
 
 /** Spark 4.3's `registerColFamily`: column families are refused, as `createColFamilyIfAbsent` is. */
 trait ReadStoreSince43 extends ReadStoreSince42 {
