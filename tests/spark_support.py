@@ -72,6 +72,14 @@ def write_input_files(
         tmp.rename(input_dir / f"f{i:04d}.json")
 
 
+def unload_state_stores(spark: SparkSession) -> None:
+    """Unloads every loaded state store provider and stops Spark's maintenance thread (the next query
+    starts it again), so nothing writes to a stopped query's checkpoint any more. Only for local
+    masters, where the executors' StateStore registry lives in the driver JVM."""
+    assert spark.sparkContext.master.startswith("local["), spark.sparkContext.master
+    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()  # type: ignore[union-attr]
+
+
 def run_phase(
     spark: SparkSession,
     build: Callable[[DataFrame], DataFrame],
