@@ -15,19 +15,30 @@ import pytest
 
 from backend_support import MODES, changes, commit, make_backend, state_of
 from local_recovery_support import damage_one_sst_in_place
+from pystatestore.errors import StoreConfigError
 from pystatestore.local_recovery import MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
 
 
 def commit_versions(
-    store_dir: Path, local: Path, recovery: Path, n: int = 3, keep: int = 2, mode: str | None = None
+    store_dir: Path,
+    local: Path,
+    recovery: Path,
+    n: int = 3,
+    keep: int = 2,
+    mode: str | None = None,
+    interval: int = 1,
 ) -> dict[bytes, bytes]:
     b = make_backend(
         "rocksdb",
         store_dir,
         local,
-        options={"localRecoveryDir": str(recovery), "localRecoveryVersions": str(keep)},
+        options={
+            "localRecoveryDir": str(recovery),
+            "localRecoveryVersions": str(keep),
+            "localRecoveryInterval": str(interval),
+        },
         mode=mode,
     )
     state = dict(BIG)
@@ -104,13 +115,43 @@ def test_only_the_newest_copies_are_kept(tmp_path: Path) -> None:
     assert copies == [5, 6]
 
 
+def test_changelog_commits_keep_a_copy_every_interval_and_restores_replay_the_rest(tmp_path: Path) -> None:
+    """With changelog commits a copy is kept every `localRecoveryInterval` versions, staggered by
+    partition (the test backend is partition 1: versions 3 and 7 here); a restore starts from the
+    newest copy on the chain and replays the changes after it, downloading nothing."""
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", n=9, mode="changelog", interval=4)
+    copies = sorted(int(m.parent.name.split("-")[0]) for m in (tmp_path / "rec").rglob(MARKER))
+    assert copies == [3, 7]
+    b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 9)
+    assert result.source == "local-copy" and result.metrics["restoreLocalFiles"] > 0
+    assert result.metrics["restoreChangelogVersions"] == 2 and result.metrics["restoreRemoteFiles"] == 0
+    assert state_of(b, 9) == expected
+
+
+def test_snapshot_commits_keep_a_copy_of_every_version(tmp_path: Path) -> None:
+    commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", n=4, keep=4, mode="snapshot", interval=4)
+    copies = sorted(int(m.parent.name.split("-")[0]) for m in (tmp_path / "rec").rglob(MARKER))
+    assert copies == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("option", ["localRecoveryInterval", "localRecoveryVersions"])
+@pytest.mark.parametrize("raw", ["0", "-2", "four", ""])
+def test_a_bad_local_recovery_count_is_refused_naming_the_conf(tmp_path: Path, option: str, raw: str) -> None:
+    with pytest.raises(StoreConfigError) as e:
+        make_backend("rocksdb", tmp_path / "store", tmp_path / "w", options={option: raw})
+    msg = str(e.value)
+    assert f"spark.sql.streaming.stateStore.pystatestore.{option}" in msg and str(tmp_path / "store") in msg, msg
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*"))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_copies_of_a_superseded_attempt_are_dropped(tmp_path: Path, mode: str) -> None:
     store, rec = tmp_path / "store", tmp_path / "rec"
-    a = make_backend("rocksdb", store, tmp_path / "a", options={"localRecoveryDir": str(rec)}, mode=mode)
+    every = {"localRecoveryDir": str(rec), "localRecoveryInterval": "1"}  # a copy of each version
+    a = make_backend("rocksdb", store, tmp_path / "a", options=every, mode=mode)
     commit(a, 0, changes({b"x": b"1"}), "t1")
     commit(a, 1, changes({b"x": b"from-a"}), "attempt-a")
-    b = make_backend("rocksdb", store, tmp_path / "b", options={"localRecoveryDir": str(rec)}, mode=mode)
+    b = make_backend("rocksdb", store, tmp_path / "b", options=every, mode=mode)
     commit(b, 1, changes({b"x": b"from-b"}), "attempt-b")  # b's manifest for version 2 wins
     winner = json.loads((store / "manifests" / "2.json").read_text())["manifest_id"]
     c, _ = restore(store, tmp_path / "c", rec, 2)
@@ -138,7 +179,12 @@ def test_maintenance_removes_copies_of_stores_that_are_gone(tmp_path: Path) -> N
         shutil.rmtree(store_dir)  # the query's checkpoint was deleted
     for marker in rec.rglob(MARKER):
         os.utime(marker, (time.time() - 7200, time.time() - 7200))
-    live = make_backend("rocksdb", tmp_path / "live-store", tmp_path / "w2", options={"localRecoveryDir": str(rec)})
+    live = make_backend(
+        "rocksdb",
+        tmp_path / "live-store",
+        tmp_path / "w2",
+        options={"localRecoveryDir": str(rec), "localRecoveryInterval": "1"},
+    )
     commit(live, 0, changes({b"a": b"1"}), "t")
     report = live.maintenance()
     assert report["staleLocalStoresRemoved"] == 1

@@ -147,7 +147,8 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[in
     files_per_phase = 4
     state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
     killed: list[int] = []
-    spark = start_session("local-cluster[2,1,1024]")
+    # A copy of every version, so that the moved stores (versions 2 and 3) have one to restore from
+    spark = start_session("local-cluster[2,1,1024]", **{CONF + "localRecoveryInterval": "1"})
     app_id = spark.sparkContext.applicationId
 
     def killer() -> None:

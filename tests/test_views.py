@@ -152,7 +152,7 @@ def test_format_1_manifests_read_as_raw_keys_and_newer_formats_are_refused(tmp_p
 
 
 def test_local_copies_are_hard_links_of_the_view(tmp_path: Path) -> None:
-    b = make_backend("rocksdb", tmp_path / "store", tmp_path / "w")
+    b = make_backend("rocksdb", tmp_path / "store", tmp_path / "w", options={"localRecoveryInterval": "1"})
     view = new_view(b)
     result = b.commit(0, changes({f"k{i}".encode(): b"v" * 50 for i in range(2000)}), "t", num_keys=2000, view_dir=view)
     assert result.metrics["localCopySaved"] == 1 and result.metrics["localCopyBytesCopied"] == 0
@@ -168,7 +168,12 @@ def test_a_local_copy_on_another_filesystem_is_copied_and_reported(
         pytest.skip("needs /dev/shm on another filesystem than the test's temp dir")
     other_fs = Path(tempfile.mkdtemp(prefix="pss-shm-", dir="/dev/shm"))
     try:
-        b = make_backend("rocksdb", tmp_path / "store", tmp_path / "w", options={"localRecoveryDir": str(other_fs)})
+        b = make_backend(
+            "rocksdb",
+            tmp_path / "store",
+            tmp_path / "w",
+            options={"localRecoveryDir": str(other_fs), "localRecoveryInterval": "1"},
+        )
         with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
             result = b.commit(0, changes({b"k": b"v" * 1000}), "t", num_keys=1, view_dir=new_view(b))
             b.commit(1, changes({b"k2": b"v"}), "t2", num_keys=2, view_dir=new_view(b))

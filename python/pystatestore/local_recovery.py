@@ -193,7 +193,8 @@ class LocalRecoveryStore:
                 "files": files,
             }
             (target / MARKER).write_text(json.dumps(marker))
-            self.prune(keep_newest=self.versions_kept)
+            # The copies listed before this one plus this one: no second scan of every marker.
+            self.prune(keep_newest=self.versions_kept, complete=[LocalCopy(version, manifest_id, target), *previous])
             return SaveResult(True, copied)
         except OSError as e:
             self._disable(f"{type(e).__name__}: {e}")
@@ -326,12 +327,22 @@ class LocalRecoveryStore:
             )
         return None
 
-    def prune(self, *, keep_newest: int, drop_manifest_ids: frozenset[str] = frozenset()) -> None:
+    def prune(
+        self,
+        *,
+        keep_newest: int,
+        drop_manifest_ids: frozenset[str] = frozenset(),
+        complete: list[LocalCopy] | None = None,
+    ) -> None:
         """Removes copies beyond the newest `keep_newest`, copies of superseded attempts, and leftovers
-        of interrupted saves. Only directories of this store's own layout are touched."""
+        of interrupted saves. Only directories of this store's own layout are touched. `complete`:
+        the complete copies when the caller knows them, else they are listed."""
         if not self.dir.is_dir():
             return
-        complete = self.copies()
+        if complete is None:
+            complete = self.copies()
+        else:
+            complete = sorted(complete, key=lambda c: c.version, reverse=True)
         keep = {c.path for c in complete[:keep_newest] if c.manifest_id not in drop_manifest_ids}
         for d in self.dir.iterdir():
             version, _, _ = d.name.partition("-")

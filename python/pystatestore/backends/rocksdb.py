@@ -87,6 +87,11 @@ DEFAULT_INLINE_BYTES = 16 << 10
 DEFAULT_COMPACT_SNAPSHOT_BYTES = 1 << 20
 # Maintenance also makes a snapshot once the changes since the last one add up to this much.
 DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
+# Changelog commits keep a local recovery copy every this many versions (staggered across
+# partitions so each batch pays for a share of them): a copy costs a commit about as much as its
+# own RocksDB work, while a restore replays at most this many versions' changes, which the
+# manifests usually hold inline.
+DEFAULT_LOCAL_RECOVERY_INTERVAL = 4
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
 _last_stale_scan: dict[Path, float] = {}
@@ -175,6 +180,7 @@ class RocksDBBackend(StateBackend):
                 self._int_option("localRecoveryVersions", DEFAULT_VERSIONS_KEPT, minimum=1),
                 hook=self._fault_point,
             )
+        self.local_copy_interval = self._int_option("localRecoveryInterval", DEFAULT_LOCAL_RECOVERY_INTERVAL, minimum=1)
         self._db: rocksdict.Rdict | None = None
         self._db_dir: Path | None = None
         self._db_version: int | None = None  # the committed version the local DB holds exactly
@@ -691,7 +697,7 @@ class RocksDBBackend(StateBackend):
                 published = True
                 metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
-            if self.local_copies is not None:
+            if self.local_copies is not None and self._local_copy_due(version, manifest):
                 known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
                 saved = self.local_copies.save(version, manifest.manifest_id, checkpoint_dir, known)
                 metrics["localCopySaved"] = int(saved.kept)
@@ -722,6 +728,14 @@ class RocksDBBackend(StateBackend):
             metrics,
             manifest_id=manifest.manifest_id,
         )
+
+    def _local_copy_due(self, version: int, manifest: Manifest) -> bool:
+        """Snapshot commits keep a copy of every version (an older copy cannot be brought forward);
+        changelog commits every `localRecoveryInterval` versions, when the restore from it replays
+        the versions in between."""
+        if not manifest.is_changelog:
+            return True
+        return (version + self.ctx.partition_id) % self.local_copy_interval == 0
 
     def _store_changes(self, segment: Path, rows: int, version: int, token: str) -> tuple[ChangesRef, list[FileRef]]:
         """The version's changes inside the manifest when small, else uploaded under changelog/."""
