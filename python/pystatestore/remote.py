@@ -11,6 +11,7 @@ import errno
 import os
 import posixpath
 import re
+import stat
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -92,14 +93,16 @@ class RemoteStore:
         else:  # tests hand in other filesystems (e.g. one whose rename cannot replace, like HDFS)
             self.fs, self.root = fs, root if root is not None else store_uri
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._real_root: str | None = None  # resolved on first use: the store may not exist yet
         self.object_store = is_object_store(self.fs)
 
     def _abs(self, rel: str, version: int | None = None) -> str:
         """The absolute path of store-relative `rel`. On the local filesystem it must also resolve
         inside the store: a symbolic link planted in a store (a directory or a file) could otherwise
         make a read, write or delete reach outside it."""
-        path = posixpath.join(self.root, validate_relative_path(rel, store=self.uri, version=version))
-        if self.is_local and not self._resolves_inside(path):
+        checked = validate_relative_path(rel, store=self.uri, version=version)
+        path = posixpath.join(self.root, checked)
+        if self.is_local and not self._resolves_inside(checked):
             raise InvalidPathError(
                 f"{rel!r} resolves outside the store directory (a symbolic link?); nothing was read or written",
                 store=self.uri,
@@ -108,10 +111,29 @@ class RemoteStore:
             )
         return path
 
-    def _resolves_inside(self, path: str) -> bool:
-        root = os.path.realpath(self.root)
-        real = os.path.realpath(path)
-        return real == root or real.startswith(root + os.sep)
+    def _resolves_inside(self, rel: str) -> bool:
+        """Whether the validated relative path `rel` resolves inside the store. Every call of every
+        commit and GC run comes here, so the store root is resolved once and only the components
+        below it are checked (one lstat each); a symbolic link among them is resolved in full."""
+        if self._real_root is None:
+            self._real_root = os.path.realpath(self.root)
+        path = self._real_root
+        for part in rel.split("/"):
+            if not part:
+                continue
+            path = os.path.join(path, part)
+            try:
+                mode = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return True  # nothing below exists to lead elsewhere; a write creates real entries
+            except OSError:
+                break  # unreadable: let the full resolution decide
+            if stat.S_ISLNK(mode):
+                break
+        else:
+            return True
+        real = os.path.realpath(os.path.join(self._real_root, rel))
+        return real == self._real_root or real.startswith(self._real_root + os.sep)
 
     def write_bytes(self, rel: str, data: bytes | pa.Buffer) -> None:
         """Writes a file. Callers use unique names (or, for leases, their own name), so a half-written
