@@ -48,7 +48,7 @@ def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     stall = [
         {"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1},
         {"store": "severed-store", "point": "commit:uploaded", "action": "sever", "times": 1},
-        {"store": "slow-commit", "point": "commit:uploaded", "action": "sleep", "seconds": 13, "times": 1},
+        {"store": "slow-commit", "point": "commit:uploaded", "action": "sleep", "seconds": 20, "times": 1},
     ]
     proc = run_spark_submit(
         "org.pystatestore.tests.ContractSuite",

@@ -533,9 +533,14 @@ object ContractSuite {
       val expected = Map(("seed", 0) -> 0) ++ (math.max(2, v - 1) to v).map(i => (s"k$i", 0) -> i)
       check(contents(fresh.getStore(v)) == expected, s"version $v after concurrent GC: ${contents(fresh.getStore(v))}")
     }
-    val manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
-    // With changelog commits the retained versions' chains may start one snapshot interval earlier.
-    val oldestNeeded = if (changelogCommits) 21 else 23
+    val storeRoot = new File(new java.net.URI(dir).getPath, "0/0")
+    val manifests = new File(storeRoot, "manifests").list().sorted.toSeq
+    // With changelog commits version 23's chain starts at the newest snapshot at or before it, which
+    // depends on when the maintenance runs happened to fall; it and what follows must be retained.
+    val oldestNeeded = if (changelogCommits) {
+      val snapshots = Option(new File(storeRoot, "snapshots").list()).toSeq.flatten.map(_.takeWhile(_ != '-').toInt)
+      (1 +: snapshots.filter(_ <= 23)).max
+    } else 23
     val versions = manifests.map(_.stripSuffix(".json").toInt).sorted
     check(versions.takeRight(3) == Seq(23, 24, 25) && versions.head >= oldestNeeded, s"retention applied: $manifests")
     writer.close(); gc.close(); fresh.close()
@@ -543,7 +548,7 @@ object ContractSuite {
 
   scenario("a_commit_slower_than_the_orphan_grace_keeps_its_files_against_concurrent_gc") {
     // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) stalls the first commit of any store
-    // whose directory contains "slow-commit" for 13 s after its uploads: longer than the smallest
+    // whose directory contains "slow-commit" for 20 s after its uploads: longer than the smallest
     // orphan grace (10 s), while another instance of the store collects garbage all along. Only the
     // commit's lease keeps its uploaded files from being taken for a crashed attempt's orphans.
     val dir = Files.createTempDirectory(workDir, "slow-commit").toUri.toString
@@ -556,8 +561,17 @@ object ContractSuite {
     val inFlight = pool.submit(new Callable[Long] {
       override def call(): Long = commitVersion(slow, 0, Map("slow" -> 1, "also" -> 2))
     })
+    // The stall rule fires once per worker: wait until the slow commit holds it (the worker logs the
+    // injection) before the competing commit can reach the same point. Timing from here errs late.
+    val dirName = new File(new java.net.URI(dir).getPath).getName // unique: slow-commit<random>
+    def stalling(line: String): Boolean = line.contains("commit:uploaded for store") && line.contains(dirName)
+    def stallLogged: Boolean = StateWorker.currentWorker.exists { w =>
+      w.logFile.exists() && Files.readAllLines(w.logFile.toPath).asScala.exists(stalling)
+    }
+    val stallDeadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
+    while (!stallLogged && !inFlight.isDone && System.nanoTime() < stallDeadline) Thread.sleep(20)
+    check(stallLogged, s"the slow commit did not reach its stall within 60 s (done: ${inFlight.isDone})")
     val stallStarted = System.nanoTime()
-    Thread.sleep(1000) // the slow commit holds the stall (the rule fires once)
     val gc = provider(dir, conf = conf)
     commitVersion(gc, 0, Map("competing" -> 9)) // another attempt at version 1: it may now delete
     // What matters is GC running once the slow attempt's files are older than the grace (10 s),
