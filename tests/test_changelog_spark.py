@@ -14,7 +14,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.manifest import snapshot_of
-from spark_support import OUR_PROVIDER, ROCKSDB_PROVIDER, run_phase, start_session, write_input_files
+from spark_support import (
+    OUR_PROVIDER,
+    ROCKSDB_PROVIDER,
+    run_phase,
+    start_session,
+    unload_state_stores,
+    write_input_files,
+)
 from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
@@ -144,6 +151,7 @@ def test_snapshot_replay_equals_spark_rocksdb(spark: SparkSession, tmp_path: Pat
     last = last_batch(checkpoints["spark"])
     assert last_batch(checkpoints["ours"]) == last
     time.sleep(3)  # the query's providers were unloaded; maintenance made its last snapshots before that
+    unload_state_stores(spark)  # and nothing snapshots or collects any more while the test reads
     for partition in (0, 1):
         ours = snapshot_versions(checkpoints["ours"], partition, ours=True)
         theirs = snapshot_versions(checkpoints["spark"], partition, ours=False)

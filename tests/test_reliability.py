@@ -11,6 +11,7 @@ import posixpath
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -329,9 +330,18 @@ def test_a_commit_slower_than_the_grace_keeps_its_files(tmp_path: Path) -> None:
     other = make_backend("rocksdb", store, tmp_path / "other", grace=grace)
 
     def stall_then_let_gc_run(point: str) -> None:
-        if point == "commit:uploaded":
-            time.sleep(grace / 4 + 0.6)  # long enough for the lease to be written
-            other.maintenance(now=time.time() + grace - 1)  # the uploads look grace + 0.6 s old
+        if point != "commit:uploaded":
+            return
+        # Wait (however slow this machine) for the lease to be written well after the uploads, then
+        # run GC at a moment when the uploads are older than the grace and the lease is not.
+        uploaded_by = time.time()
+        deadline = uploaded_by + 60
+        written = 0.0
+        while written <= uploaded_by + 0.5:
+            assert time.time() < deadline, "the commit's lease was not written within 60 s"
+            time.sleep(0.05)
+            written = max((p.stat().st_mtime for p in (store / "leases").glob("*")), default=0.0)
+        other.maintenance(now=written + grace - 0.25)  # uploads over grace + 0.25 s old, the lease under
 
     slow.fault_hook = stall_then_let_gc_run
     commit(slow, 1, changes({f"k{i}".encode(): b"x" * 50 for i in range(2000)}), "t2")
@@ -359,6 +369,20 @@ def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -
     assert state_of(make_backend("rocksdb", store, tmp_path / "r"), 1) == {b"a": b"1"}
 
 
+def lease_written_at(path: Path) -> float:
+    try:
+        return float(json.loads(path.read_text())["at"])
+    except (OSError, ValueError):  # being rewritten this instant
+        return 0.0
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, f"not within {seconds:.0f} s: {what}"
+        time.sleep(0.05)
+
+
 def test_leases_of_concurrent_attempts_are_renewed_and_none_outlives_its_attempt(tmp_path: Path) -> None:
     """One thread renews every lease of the process: each live attempt's lease is written every
     quarter of the grace, and an ended attempt's lease is removed and never written again."""
@@ -369,13 +393,12 @@ def test_leases_of_concurrent_attempts_are_renewed_and_none_outlives_its_attempt
     with first:
         with second:
             assert not leases.exists() or not any(leases.iterdir()), "a fast attempt writes no lease"
-            time.sleep(2.5 * 1.3)  # past the first renewal (a quarter of the grace)
-            assert {p.name for p in leases.iterdir()} == {"a" * 32, "b" * 32}
+            # past the first renewal (a quarter of the grace), however late the renewal thread runs
+            wait_for(lambda: {p.name for p in leases.glob("*")} == {"a" * 32, "b" * 32}, "both leases written")
             written = json.loads((leases / ("b" * 32)).read_text())["at"]
         assert not (leases / ("b" * 32)).exists(), "an ended attempt's lease stays"
-        time.sleep(2.5 * 1.3)
-        assert (leases / ("a" * 32)).exists() and not (leases / ("b" * 32)).exists()
-        assert json.loads((leases / ("a" * 32)).read_text())["at"] > written, "the live lease was not renewed"
+        wait_for(lambda: lease_written_at(leases / ("a" * 32)) > written, "the live lease renewed")
+        assert not (leases / ("b" * 32)).exists(), "an ended attempt's lease was written again"
         first.check_before_publish()
     assert not any(leases.iterdir())
 
@@ -542,15 +565,21 @@ def store_json(store: Path, local: Path, instance: str, **options: str) -> str:
 def start_stuck_commit(service: StoreService, handle: str, tmp_path: Path) -> tuple[threading.Event, threading.Thread]:
     """Starts a commit of version 1 that stops after its uploads until the returned event is set."""
     backend = service._stores[handle].backend
-    release = threading.Event()
-    backend.fault_hook = lambda point: release.wait(30) if point == "commit:uploaded" else None
+    release, reached = threading.Event(), threading.Event()
+
+    def hold(point: str) -> None:
+        if point == "commit:uploaded":
+            reached.set()
+            release.wait(30)
+
+    backend.fault_hook = hold
     frame = tmp_path / "changes.arrow"
     frames.write_buffer(str(frame), _frame_bytes())
     (tmp_path / "l" / "views").mkdir(parents=True, exist_ok=True)
     view = str(tmp_path / "l" / "views" / "v1")
     stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a", 1, view), daemon=True)
     stuck.start()
-    time.sleep(0.5)
+    assert reached.wait(60), "the commit did not reach its uploads within 60 s"
     return release, stuck
 
 
