@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -28,6 +29,20 @@ def changes(puts: dict[bytes, bytes] | None = None, deletes: list[bytes] | tuple
         },
         schema=frames.CHANGES_SCHEMA,
     )
+
+
+def hold_at(backend: StateBackend, point: str) -> tuple[threading.Event, threading.Event]:
+    """Makes `backend` stop at its fault point `point` until `release` is set (at most 30 s);
+    `reached` is set when a call gets there. Returns (reached, release)."""
+    reached, release = threading.Event(), threading.Event()
+
+    def hold(at: str) -> None:
+        if at == point:
+            reached.set()
+            release.wait(30)
+
+    backend.fault_hook = hold
+    return reached, release
 
 
 def make_backend(

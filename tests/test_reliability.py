@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from backend_support import MODES, changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, hold_at, make_backend, state_of
 from pystatestore import frames
 from pystatestore.backends import StateBackend
 from pystatestore.errors import (
@@ -564,15 +564,7 @@ def store_json(store: Path, local: Path, instance: str, **options: str) -> str:
 
 def start_stuck_commit(service: StoreService, handle: str, tmp_path: Path) -> tuple[threading.Event, threading.Thread]:
     """Starts a commit of version 1 that stops after its uploads until the returned event is set."""
-    backend = service._stores[handle].backend
-    release, reached = threading.Event(), threading.Event()
-
-    def hold(point: str) -> None:
-        if point == "commit:uploaded":
-            reached.set()
-            release.wait(30)
-
-    backend.fault_hook = hold
+    reached, release = hold_at(service._stores[handle].backend, "commit:uploaded")
     frame = tmp_path / "changes.arrow"
     frames.write_buffer(str(frame), _frame_bytes())
     (tmp_path / "l" / "views").mkdir(parents=True, exist_ok=True)

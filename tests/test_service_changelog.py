@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
 
-from backend_support import changes, read_view
+from backend_support import changes, hold_at, read_view
 from pystatestore import frames
 from pystatestore.service import StoreService
 
@@ -61,21 +60,13 @@ def test_maintenance_uploads_a_snapshot_while_commits_go_on(tmp_path: Path) -> N
     commit_ok(service, handle, tmp_path, 1, {b"a": b"1", b"b": b"1"}, [], 2)
     commit_ok(service, handle, tmp_path, 2, {b"c": b"2"}, [b"a"], 2)
     backend = service._stores[handle].backend
-    uploading, release = threading.Event(), threading.Event()
-
-    def hold_upload(point: str) -> None:
-        if point == "materialize:uploaded":
-            uploading.set()
-            release.wait(30)
-
-    backend.fault_hook = hold_upload
+    uploading, release = hold_at(backend, "materialize:uploaded")
     replies: list[dict] = []
     worker = threading.Thread(target=lambda: replies.append(json.loads(service.maintenance(handle))))
     worker.start()
     assert uploading.wait(30), "maintenance made no snapshot of a chain of minDeltasForSnapshot versions"
-    started = time.time()
-    commit_ok(service, handle, tmp_path, 3, {b"d": b"3"}, [], 3)  # not queued behind the upload
-    assert time.time() - started < 5
+    commit_ok(service, handle, tmp_path, 3, {b"d": b"3"}, [], 3)
+    assert worker.is_alive(), "the commit was queued behind the snapshot upload"  # still held
     release.set()
     worker.join(30)
     backend.fault_hook = None
