@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend_support import MODES, changes, commit, make_backend, state_of
+from pystatestore import frames
 from pystatestore.backends import StateBackend
+from pystatestore.backends.rocksdb import _newest_change_per_key
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.manifest import snapshot_of
 from pystatestore.remote import RemoteFile
@@ -391,3 +395,47 @@ def test_an_unsorted_frame_is_refused_and_the_store_carries_on(
         b"c": b"3",
         b"d": b"4",
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from([b"a", b"b", b"c", b"d", b"e"]), st.one_of(st.none(), st.binary(max_size=3))),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_merged_replay_keeps_each_keys_newest_change(versions: list[dict[bytes, bytes | None]]) -> None:
+    """Versions' changes merged for one ingest leave what applying them one by one leaves (None: a delete)."""
+    tables = [
+        changes({k: v for k, v in c.items() if v is not None}, [k for k, v in c.items() if v is None]) for c in versions
+    ]
+    one_by_one: dict[bytes, bytes | None] = {}
+    for c in versions:
+        one_by_one.update(c)
+    merged = _newest_change_per_key([t.sort_by([("key", "ascending")]) for t in tables])
+    rows = merged.to_pylist()
+    assert [r["key"] for r in rows] == sorted(one_by_one)
+    assert {r["key"]: (r["value"] if r["op"] == frames.OP_PUT else None) for r in rows} == one_by_one
+
+
+def test_a_restore_replays_a_chain_of_overlapping_changes_as_one_ingest(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = make_backend("rocksdb", store, tmp_path / "w", mode="changelog", options={"localRecovery": "false"})
+    steps: list[tuple[dict[bytes, bytes], list[bytes]]] = [
+        ({b"a": b"1", b"b": b"1", b"c": b"1"}, []),
+        ({b"a": b"2"}, [b"b"]),
+        ({b"b": b"3"}, [b"a", b"c"]),
+        ({b"c": b"4", b"d": b"4"}, [b"b"]),
+    ]
+    for v, (puts, deletes) in enumerate(steps):
+        commit(writer, v, changes(puts, deletes), f"t{v}")
+    ingests: list[str] = []
+    reader = make_backend("rocksdb", store, tmp_path / "r", options={"localRecovery": "false"})
+    reader.fault_hook = lambda point: ingests.append(point) if point == "restore:replayed" else None
+    result = reader.load(4)
+    assert result.metrics["restoreChangelogVersions"] == 4 and ingests == ["restore:replayed"], (
+        result.metrics,
+        ingests,
+    )
+    assert state_of(reader, 4) == {b"c": b"4", b"d": b"4"}

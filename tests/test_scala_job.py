@@ -6,6 +6,7 @@ Each phase is its own spark-submit, so the restart is a new driver, new executor
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,18 @@ def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Pa
             extra_conf=extra,
         )
         assert proc.returncode == 0, f"phase {phase} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    # Every JVM removed its worker logs, exchange files and local databases when it exited.
-    leftovers = sorted(
-        str(p.relative_to(local_dir))
-        for p in local_dir.glob("pystatestore-*")
-        if not p.name.startswith("pystatestore-local-recovery-")  # kept on purpose: it outlives executors
-    )
+    # Every JVM removed its worker logs, exchange files and local databases when it exited. Executor
+    # JVMs of local-cluster may still be running their shutdown hooks when spark-submit returns.
+    deadline = time.time() + 60
+    while True:
+        leftovers = sorted(
+            str(p.relative_to(local_dir))
+            for p in local_dir.glob("pystatestore-*")
+            if not p.name.startswith("pystatestore-local-recovery-")  # kept on purpose: it outlives executors
+        )
+        if not leftovers or time.time() > deadline:
+            break
+        time.sleep(0.5)
     assert not leftovers, f"left behind: {leftovers}"
     expected = read_batches(tmp_path / "HDFSBackedStateStoreProvider.out")
     actual = read_batches(tmp_path / "PythonStateStoreProvider.out")

@@ -398,7 +398,12 @@ object ContractSuite {
     new ProcessBuilder("kill", "-STOP", worker.pid.toString).start().waitFor()
     val pool = Executors.newSingleThreadExecutor()
     val inFlight = pool.submit(new Callable[Long] { override def call(): Long = s.commit() })
-    Thread.sleep(500)
+    // The commit's change frame appears just before its call is sent; the frozen worker keeps it.
+    val frameDeadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
+    def frameWritten: Boolean = Option(worker.exchangeDir.list()).exists(_.exists(_.startsWith("commit-")))
+    while (!frameWritten && !inFlight.isDone && System.nanoTime() < frameDeadline) Thread.sleep(10)
+    check(frameWritten, s"the commit wrote no change frame to ${worker.exchangeDir} within 60 s")
+    Thread.sleep(300)
     worker.process.destroyForcibly().waitFor()
     val e = expectThrows[Throwable]("commit against a dying worker") {
       try inFlight.get(60, TimeUnit.SECONDS) catch { case ee: java.util.concurrent.ExecutionException => throw ee.getCause }

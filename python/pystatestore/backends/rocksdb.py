@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import rocksdict
 
 from .. import changelog, frames
@@ -74,6 +75,8 @@ METADATA_BLOCK_BYTES = 4096  # index and filter partitions
 # anew with the current state only: kept small so it can be stored inside our manifests.
 MAX_ROCKSDB_MANIFEST_BYTES = 64 << 10
 APPLY_CHUNK_ROWS = 16384
+# Replay merges consecutive versions' changes into one SST while their segments add up to this.
+REPLAY_MERGE_BYTES = 4 << 20
 # The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
 # restores touch: small, shared by every store in the worker.
 WORKER_BLOCK_CACHE_BYTES = 8 << 20
@@ -437,13 +440,55 @@ class RocksDBBackend(StateBackend):
 
     def _replay(self, chain: list[Manifest], restore: _Restore) -> None:
         """Applies the changes of `chain` (oldest first) to the local DB, which holds the version
-        before the first. On failure the local DB is dropped: it matches no version."""
+        before the first. Consecutive versions whose segments add up to at most REPLAY_MERGE_BYTES
+        are merged (the newest change of each key wins) and ingested as one SST: an ingest costs
+        its fsyncs whatever its size, and a restart restores every partition. On failure the local
+        DB is dropped: it matches no version."""
+        group: list[Manifest] = []
+        group_bytes = 0
         for m in chain:
+            assert m.changes is not None
+            if group and group_bytes + m.changes.ref.size > REPLAY_MERGE_BYTES:
+                self._replay_group(group, restore)
+                group, group_bytes = [], 0
+            group.append(m)
+            group_bytes += m.changes.ref.size
+        if group:
+            self._replay_group(group, restore)
+
+    def _replay_group(self, group: list[Manifest], restore: _Restore) -> None:
+        if len(group) == 1:
+            m = group[0]
             assert m.changes is not None
             where = m.changes.ref.path or manifest_path(m.version)
             self._apply_segment(m, f"the changes of version {m.version}", where, fault_point="restore:replayed")
-            restore.replayed += 1
-            restore.replayed_bytes += m.changes.ref.size
+        else:
+            try:
+                merged = _newest_change_per_key([self._segment_table(m) for m in group])
+                batches = frames.change_batches(merged, APPLY_CHUNK_ROWS)
+                change_file = self._write_change_file(batches, group[-1].version)
+                self._fault_point("restore:replayed")
+                if change_file is not None:
+                    self._ingest(change_file)
+            except BaseException:
+                self._drop_db()
+                raise
+        restore.replayed += len(group)
+        restore.replayed_bytes += sum(m.changes.ref.size for m in group if m.changes)
+
+    def _segment_table(self, m: Manifest) -> pa.Table:
+        """A changelog version's changes as one table (its segment read whole: replay merges groups
+        of at most REPLAY_MERGE_BYTES)."""
+        try:
+            return pa.Table.from_batches(list(changelog.read_segment(self._changes_of(m))), frames.CHANGES_SCHEMA)
+        except changelog.SegmentFormatError as e:
+            assert m.changes is not None
+            raise CheckpointDamagedError(
+                f"the changes of version {m.version} are not a changelog segment ({e})",
+                store=self.ctx.store_dir,
+                version=m.version,
+                file=m.changes.ref.path or manifest_path(m.version),
+            ) from None
 
     def _apply_segment(self, m: Manifest, described: str, where: str, *, fault_point: str | None = None) -> None:
         """Ingests the segment `m` holds (its changes, or a compact snapshot's state) into the local
@@ -971,6 +1016,18 @@ class RocksDBBackend(StateBackend):
     def close(self) -> None:
         self._drop_db()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _newest_change_per_key(tables: list[pa.Table]) -> pa.Table:
+    """The changes of consecutive versions (oldest first) as one frame in key order, holding for
+    each key only its newest change: what applying them one after another leaves."""
+    seq = [t.append_column("seq", pa.array([i] * t.num_rows, pa.int32())) for i, t in enumerate(tables)]
+    ordered = pa.concat_tables(seq).sort_by([("key", "ascending"), ("seq", "descending")])
+    keys = ordered.column("key").combine_chunks()
+    if len(keys) > 1:
+        first = pa.concat_arrays([pa.array([True]), pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))])
+        ordered = ordered.filter(first)
+    return ordered.drop_columns(["seq"])
 
 
 def _state_batches(db: rocksdict.Rdict) -> Iterator[pa.RecordBatch]:
