@@ -62,6 +62,12 @@ object ContractSuite {
     }
     throw new Check(s"$what: expected ${ct.runtimeClass.getSimpleName}, nothing was thrown")
   }
+  /** Waits up to 60 s for `cond`, or until `over` (the awaited work ended without it); returns `cond`. */
+  def awaitCondition(cond: => Boolean, over: => Boolean): Boolean = {
+    val deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
+    while (!cond && !over && System.nanoTime() < deadline) Thread.sleep(20)
+    cond
+  }
   def messages(e: Throwable): String =
     Iterator.iterate(e)(_.getCause).takeWhile(_ != null).map(t => String.valueOf(t.getMessage)).mkString(" <- ")
 
@@ -399,10 +405,8 @@ object ContractSuite {
     val pool = Executors.newSingleThreadExecutor()
     val inFlight = pool.submit(new Callable[Long] { override def call(): Long = s.commit() })
     // The commit's change frame appears just before its call is sent; the frozen worker keeps it.
-    val frameDeadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
     def frameWritten: Boolean = Option(worker.exchangeDir.list()).exists(_.exists(_.startsWith("commit-")))
-    while (!frameWritten && !inFlight.isDone && System.nanoTime() < frameDeadline) Thread.sleep(10)
-    check(frameWritten, s"the commit wrote no change frame to ${worker.exchangeDir} within 60 s")
+    check(awaitCondition(frameWritten, inFlight.isDone), s"the commit wrote no change frame to ${worker.exchangeDir} within 60 s")
     Thread.sleep(300)
     worker.process.destroyForcibly().waitFor()
     val e = expectThrows[Throwable]("commit against a dying worker") {
@@ -515,8 +519,7 @@ object ContractSuite {
     // interleaves with the commits however slow maintenance is next to a commit on this machine.
     var seenRuns = 0
     def awaitAnotherRun(v: Int): Unit = {
-      val deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
-      while (completedRuns.get <= seenRuns && System.nanoTime() < deadline && !maintenance.isDone) Thread.sleep(5)
+      awaitCondition(completedRuns.get > seenRuns, maintenance.isDone)
       if (maintenance.isDone) maintenance.get() // a failed run: its exception is the finding
       check(completedRuns.get > seenRuns, s"no maintenance run finished within 60 s before committing version $v")
       seenRuns = completedRuns.get
@@ -573,9 +576,7 @@ object ContractSuite {
     def stallLogged: Boolean = StateWorker.currentWorker.exists { w =>
       w.logFile.exists() && Files.readAllLines(w.logFile.toPath).asScala.exists(stalling)
     }
-    val stallDeadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
-    while (!stallLogged && !inFlight.isDone && System.nanoTime() < stallDeadline) Thread.sleep(20)
-    check(stallLogged, s"the slow commit did not reach its stall within 60 s (done: ${inFlight.isDone})")
+    check(awaitCondition(stallLogged, inFlight.isDone), s"the slow commit did not reach its stall within 60 s (done: ${inFlight.isDone})")
     val stallStarted = System.nanoTime()
     val gc = provider(dir, conf = conf)
     commitVersion(gc, 0, Map("competing" -> 9)) // another attempt at version 1: it may now delete

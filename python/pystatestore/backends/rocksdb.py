@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -92,8 +92,8 @@ DEFAULT_COMPACT_SNAPSHOT_BYTES = 1 << 20
 DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
 # Changelog commits keep a local recovery copy every this many versions (staggered across
 # partitions so each batch pays for a share of them): a copy costs a commit about as much as its
-# own RocksDB work, while a restore replays at most this many versions' changes, which the
-# manifests usually hold inline.
+# own RocksDB work, while a restore replays at most this many minus one versions' changes, which
+# the manifests usually hold inline.
 DEFAULT_LOCAL_RECOVERY_INTERVAL = 4
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
@@ -459,20 +459,16 @@ class RocksDBBackend(StateBackend):
     def _replay_group(self, group: list[Manifest], restore: _Restore) -> None:
         if len(group) == 1:
             m = group[0]
-            assert m.changes is not None
-            where = m.changes.ref.path or manifest_path(m.version)
-            self._apply_segment(m, f"the changes of version {m.version}", where, fault_point="restore:replayed")
+            described = f"the changes of version {m.version}"
+            self._apply_segment(m, described, self._changes_where(m), fault_point="restore:replayed")
         else:
-            try:
-                merged = _newest_change_per_key([self._segment_table(m) for m in group])
-                batches = frames.change_batches(merged, APPLY_CHUNK_ROWS)
-                change_file = self._write_change_file(batches, group[-1].version)
-                self._fault_point("restore:replayed")
-                if change_file is not None:
-                    self._ingest(change_file)
-            except BaseException:
-                self._drop_db()
-                raise
+            self._ingest_or_drop(
+                lambda: frames.change_batches(
+                    _newest_change_per_key([self._segment_table(m) for m in group]), APPLY_CHUNK_ROWS
+                ),
+                group[-1].version,
+                fault_point="restore:replayed",
+            )
         restore.replayed += len(group)
         restore.replayed_bytes += sum(m.changes.ref.size for m in group if m.changes)
 
@@ -482,34 +478,42 @@ class RocksDBBackend(StateBackend):
         try:
             return pa.Table.from_batches(list(changelog.read_segment(self._changes_of(m))), frames.CHANGES_SCHEMA)
         except changelog.SegmentFormatError as e:
-            assert m.changes is not None
-            raise CheckpointDamagedError(
-                f"the changes of version {m.version} are not a changelog segment ({e})",
-                store=self.ctx.store_dir,
-                version=m.version,
-                file=m.changes.ref.path or manifest_path(m.version),
-            ) from None
+            raise self._not_a_segment(m, f"the changes of version {m.version}", self._changes_where(m), e) from None
 
     def _apply_segment(self, m: Manifest, described: str, where: str, *, fault_point: str | None = None) -> None:
         """Ingests the segment `m` holds (its changes, or a compact snapshot's state) into the local
         DB as one SST. On any failure the local DB is dropped: it matches no version."""
         try:
-            change_file = self._write_change_file(changelog.read_segment(self._changes_of(m)), m.version)
+            self._ingest_or_drop(
+                lambda: changelog.read_segment(self._changes_of(m)), m.version, fault_point=fault_point
+            )
+        except changelog.SegmentFormatError as e:
+            raise self._not_a_segment(m, described, where, e) from None
+
+    def _ingest_or_drop(
+        self, batches: Callable[[], Iterable[pa.RecordBatch]], version: int, *, fault_point: str | None
+    ) -> None:
+        """Writes the `batches()` (in key order; reading them may fail too) as one SST and ingests it
+        into the local DB. On any failure the local DB is dropped: it matches no version."""
+        try:
+            change_file = self._write_change_file(batches(), version)
             if fault_point is not None:
                 self._fault_point(fault_point)
             if change_file is not None:
                 self._ingest(change_file)
-        except changelog.SegmentFormatError as e:
-            self._drop_db()
-            raise CheckpointDamagedError(
-                f"{described} is not a changelog segment ({e})",
-                store=self.ctx.store_dir,
-                version=m.version,
-                file=where,
-            ) from None
         except BaseException:
             self._drop_db()
             raise
+
+    @staticmethod
+    def _changes_where(m: Manifest) -> str:
+        """Where a changelog version's changes are stored: their own file, or inside its manifest."""
+        return (m.changes.ref.path if m.changes else "") or manifest_path(m.version)
+
+    def _not_a_segment(self, m: Manifest, described: str, where: str, e: Exception) -> CheckpointDamagedError:
+        return CheckpointDamagedError(
+            f"{described} is not a changelog segment ({e})", store=self.ctx.store_dir, version=m.version, file=where
+        )
 
     def _changes_of(self, m: Manifest) -> bytes:
         """A changelog version's segment: from inside its manifest, or downloaded and verified."""
@@ -631,12 +635,7 @@ class RocksDBBackend(StateBackend):
             try:
                 yield from ((v, b) for b in changelog.read_segment(self._changes_of(m)))
             except changelog.SegmentFormatError as e:
-                raise CheckpointDamagedError(
-                    f"the changes of version {v} are not a changelog segment ({e})",
-                    store=self.ctx.store_dir,
-                    version=v,
-                    file=m.changes.ref.path or manifest_path(v) if m.changes else manifest_path(v),
-                ) from None
+                raise self._not_a_segment(m, f"the changes of version {v}", self._changes_where(m), e) from None
 
     def _view_target(self, view_dir: str | None, version: int) -> Path:
         """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
