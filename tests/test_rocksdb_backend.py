@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend_support import MODES, changes, commit, make_backend, state_of
-from pystatestore import frames
+from pystatestore import changelog, frames
 from pystatestore.backends import StateBackend
 from pystatestore.backends.rocksdb import _newest_change_per_key
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
@@ -439,3 +440,18 @@ def test_a_restore_replays_a_chain_of_overlapping_changes_as_one_ingest(tmp_path
         ingests,
     )
     assert state_of(reader, 4) == {b"c": b"4", b"d": b"4"}
+
+
+def test_a_damaged_segment_is_not_reported_as_an_unsorted_frame(tmp_path: Path) -> None:
+    """The SST writer turns RocksDB's out-of-order error into "the frame is not sorted"; a segment
+    whose own check fails with "offsets out of order" must keep its meaning (damage, not a bug in
+    the JVM's frame)."""
+    b = make_backend("rocksdb", tmp_path / "store", tmp_path / "w")
+    commit(b, 0, changes({b"a": b"1"}), "t")
+
+    def damaged() -> Iterator[pa.RecordBatch]:
+        raise changelog.SegmentFormatError("offsets out of order")
+        yield  # a generator, read lazily like a segment
+
+    with pytest.raises(changelog.SegmentFormatError, match="offsets out of order"):
+        b._write_change_file(damaged(), 2)

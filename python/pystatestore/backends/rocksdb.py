@@ -833,8 +833,8 @@ class RocksDBBackend(StateBackend):
             return path
         except Exception as e:
             path.unlink(missing_ok=True)
-            if isinstance(e, StoreConfigError):
-                raise
+            if isinstance(e, (StoreConfigError, changelog.SegmentFormatError)):
+                raise  # our own errors; a damaged segment says "offsets out of order" itself
             if "order" in str(e).lower():  # RocksDB: keys must be added in strict ascending order
                 raise self._unsorted_frame(version) from None
             raise
