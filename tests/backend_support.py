@@ -86,7 +86,7 @@ def open_store(store: Path, local_dir: Path, retain: int = 100) -> StateBackend:
     some = next(iter(sorted((store / "manifests").glob("*.json"))))
     m = Manifest.from_json(some.read_bytes(), store=str(store), version=int(some.stem), file=some.name)
     ctx = StoreContext(
-        store_dir=str(m.store["dir"]),
+        store_dir=str(m.store.get("dir") or store),  # changelog manifests leave the directory out
         operator_id=int(m.store["operatorId"]),
         partition_id=int(m.store["partitionId"]),
         store_name=str(m.store["storeName"]),

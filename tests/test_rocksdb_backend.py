@@ -61,7 +61,10 @@ def test_a_small_changelog_commit_writes_one_small_manifest(store_dir: Path, tmp
     doc = manifest(store_dir, 2)
     assert doc["kind"] == "changelog" and doc["changes"]["rows"] == 3 and "data" in doc["changes"]
     assert doc["parent_manifest_id"] == manifest(store_dir, 1)["manifest_id"]
-    assert result.bytes_written == (store_dir / "manifests" / "2.json").stat().st_size < 1024
+    assert result.bytes_written == (store_dir / "manifests" / "2.json").stat().st_size < 640
+    # what readers default (and the store's directory, a diagnostic) is left out; the identity stays
+    assert "column_families" not in doc and "key_encoding" not in doc, sorted(doc)
+    assert doc["store"] == {"operatorId": 0, "partitionId": 1, "storeName": "default"}
     assert state_of(make_backend("rocksdb", store_dir, tmp_path / "cold"), 2) == (
         {f"k{i}".encode(): b"v" for i in range(1000) if i != 2} | {b"k1": b"changed", b"new": b"1"}
     )
@@ -206,6 +209,29 @@ def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
     replayed = make_backend("rocksdb", store_dir, tmp_path / "replay", options={"localRecovery": "false"})
     replayed.replay(2, 3)
     assert state_of(replayed, 3) == state
+
+
+def test_a_compact_snapshot_over_2_kib_is_a_file_while_commits_of_that_size_stay_inline(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    """Base64 adds a third to what is stored inline; a snapshot is made in the background, so its
+    state goes to a changelog/ file above 2 KiB, while a commit's changes stay inline up to the
+    inline threshold (16 KiB), sparing the commit an upload."""
+    rnd = random.Random(3)
+    b = make_backend("rocksdb", store_dir, tmp_path, retain=100, min_deltas=1)
+    state = {f"k{i:04d}".encode(): rnd.randbytes(20) for i in range(300)}  # ~8 KB, incompressible
+    commit(b, 0, changes(state, []), "t1")
+    assert "data" in manifest(store_dir, 1)["changes"]
+    job = b.prepare_materialization()
+    assert job is not None
+    b.finish_materialization(job)
+    b.complete_materialization(job)
+    snap = json.loads((store_dir / "snapshots" / f"1-{manifest(store_dir, 1)['manifest_id']}.json").read_text())
+    assert "data" not in snap["changes"] and snap["changes"]["path"].startswith("changelog/"), snap["changes"]
+    assert snap["changes"]["size"] > 2048
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    assert cold.load(1).metrics["restoreRemoteFiles"] == 1
+    assert state_of(cold, 1) == state
 
 
 def test_changelog_gc_keeps_exactly_what_retained_chains_need(store_dir: Path, tmp_path: Path) -> None:

@@ -39,6 +39,8 @@ KEY_ENCODING_RAW = "raw"
 # then the whole key row's bytes, so a prefix scan is a seek over a byte prefix (DESIGN §2).
 KEY_ENCODING_PREFIX = "prefix-v1"
 KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX)
+# Fields a changelog manifest leaves out when they hold these values (from_json's defaults).
+_DEFAULTS: dict[str, Any] = {"column_families": ["default"], "key_encoding": KEY_ENCODING_RAW}
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")
 
 
@@ -172,8 +174,16 @@ class Manifest:
                 doc[kind] = {name: ref.to_doc() for name, ref in refs.items()}
         if self.changes is not None:
             doc["changes"] = {"rows": self.changes.rows, **self.changes.ref.to_doc()}
-        if self.is_changelog:  # what a changelog manifest does not need is left out
-            doc = {k: v for k, v in doc.items() if v not in ("", None) or k in ("parent_manifest_id",)}
+        if self.is_changelog:
+            # What a changelog manifest does not need is left out: at 200 partitions its few hundred
+            # bytes are most of what a batch writes. Readers fill in the defaults; the store's
+            # directory is only a diagnostic (the identity check uses operator, partition and name).
+            doc = {
+                k: v
+                for k, v in doc.items()
+                if (v not in ("", None) or k == "parent_manifest_id") and (k not in _DEFAULTS or _DEFAULTS[k] != v)
+            }
+            doc["store"] = {k: v for k, v in self.store.items() if k != "dir"}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @staticmethod
