@@ -50,8 +50,8 @@ settings.register_profile(
 )
 PROFILE = os.environ.get("PYSTATESTORE_MODEL_PROFILE", "ci")
 # Histories run on a RAM filesystem where there is one: the model checks what the store does, not
-# the disk, and RocksDB's fsyncs were half of its time (11 of CI's 25 minutes on Spark 4.3 were
-# this file; on /dev/shm the same histories take half as long).
+# the disk, and RocksDB's fsyncs dominated its time (11 minutes of a 26-minute Spark 4.3 suite run
+# on a busy machine; 3 minutes on /dev/shm on a quiet one).
 MODEL_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 RETAIN = 2
