@@ -6,9 +6,9 @@ X% of the keys (random keys, one file per batch through the file source), with S
 (minBatchesToRetain=5) and maintenance every 2 s for every provider, as a user runs them. Reports,
 per provider: the median steady micro-batch time and commit latency (p50 per partition), bytes the
 state store wrote per steady batch (every file that appeared, seen by a watcher), the checkpoint's
-file count and bytes at the end, and the restart batch (median of three: each a new query run on the
-checkpoint with one more input file, its state rebuilt from storage or local copies), with how many changelog versions
-pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
+file count and bytes at the end, and the restart batch (median of three: each a new query run on
+the checkpoint with one more input file, its state rebuilt from storage or local copies), with how
+many changelog versions pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
                                       [--pyspark 4.1|4.2|4.3]

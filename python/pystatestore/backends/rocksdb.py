@@ -725,7 +725,9 @@ class RocksDBBackend(StateBackend):
             with self.commit_attempt(version) as lease:
                 t = time.perf_counter()
                 if segment_path is not None:
-                    changes_ref, uploaded = self._store_changes(segment_path, rows, version, lease.token)
+                    changes_ref, uploaded = self._store_changes(
+                        segment_path, rows, version, lease.token, self.inline_bytes
+                    )
                     manifest = self.new_changelog_manifest(
                         version,
                         num_keys,
@@ -787,12 +789,12 @@ class RocksDBBackend(StateBackend):
         return (version + self.ctx.partition_id) % self.local_copy_interval == 0
 
     def _store_changes(
-        self, segment: Path, rows: int, version: int, token: str, inline_limit: int | None = None
+        self, segment: Path, rows: int, version: int, token: str, inline_limit: int
     ) -> tuple[ChangesRef, list[FileRef]]:
-        """The segment inside the manifest when at most `inline_limit` (default: the inline
-        threshold) bytes, else uploaded under changelog/."""
+        """The segment inside the manifest when at most `inline_limit` bytes, else uploaded under
+        changelog/."""
         size = segment.stat().st_size
-        if size <= (self.inline_bytes if inline_limit is None else inline_limit):
+        if size <= inline_limit:
             return ChangesRef(rows, FileRef.inline_of(segment.read_bytes())), []
         ref = upload_file(self.remote, segment, f"changelog/{version}-{token}.changes")
         self._fault_point("upload:file")
