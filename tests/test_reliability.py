@@ -369,6 +369,98 @@ def test_a_commit_that_stalled_past_its_lease_does_not_publish(tmp_path: Path) -
     assert state_of(make_backend("rocksdb", store, tmp_path / "r"), 1) == {b"a": b"1"}
 
 
+def rerun_after_gc_of_its_base(tmp_path: Path, mode: str, during_commit: Callable[[StateBackend], None]):  # noqa: ANN201
+    """Versions 1-6 are committed with 2 retained; then Spark re-runs batch 3 on another executor,
+    which loads version 3 and commits version 4 on it, calling `during_commit` with an instance of
+    the store at the commit's point "commit:applied". Returns the store directory, the state the
+    re-run commits, and the call's outcome (the result or the exception)."""
+    store = tmp_path / "store"
+    writer = make_backend("rocksdb", store, tmp_path / "w", retain=2, mode=mode, min_deltas=100)
+    state: dict[bytes, bytes] = {}
+    for v in range(6):
+        state[f"k{v}".encode()] = b"v"
+        commit(writer, v, changes({f"k{v}".encode(): b"v"}), f"t{v}")
+    rerun = make_backend("rocksdb", store, tmp_path / "rerun", retain=2, mode=mode, min_deltas=100)
+    base = state_of(rerun, 3)
+    other = make_backend("rocksdb", store, tmp_path / "other", retain=2, mode=mode, min_deltas=100)
+
+    def act(point: str) -> None:
+        if point == "commit:applied":
+            rerun.fault_hook = None
+            during_commit(other)
+
+    rerun.fault_hook = act
+    try:
+        outcome: object = commit(rerun, 3, changes({b"rerun": b"r"}), "rerun", num_keys=len(base) + 1)
+    except CheckpointMissingError as e:
+        outcome = e
+    return store, {**base, b"rerun": b"r"}, outcome
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gc_keeps_the_base_of_a_rerun_batch_below_the_retained_versions(tmp_path: Path, mode: str) -> None:
+    """Another executor's GC runs while the re-run commits: version 3 is below the retained versions
+    (4-6) and was not written last, but the commit's lease names it, so GC keeps its chain and
+    files, and the re-run's version 4 loads."""
+    store, expected, outcome = rerun_after_gc_of_its_base(tmp_path, mode, lambda other: other.maintenance())
+    assert not isinstance(outcome, Exception), outcome
+    reader = make_backend("rocksdb", store, tmp_path / "reader", options={"localRecovery": "false"})
+    assert state_of(reader, 4) == expected
+    assert not any((store / LEASE_DIR).iterdir()), "the re-run's lease outlived it"
+    other = make_backend("rocksdb", store, tmp_path / "gc", retain=2, mode=mode)
+    other.maintenance()  # no attempt pins version 3 now: it goes, version 4 (written last) stays
+    assert not manifest_file(store, 3).exists() or mode == "changelog"  # a changelog 4 needs 3
+    assert state_of(make_backend("rocksdb", store, tmp_path / "reader2"), 4) == expected
+
+
+def test_a_rerun_whose_base_lost_a_file_anyway_does_not_publish(tmp_path: Path) -> None:
+    """GC that planned before the re-run pinned its base (it listed the leases first) removes the
+    base's chain while the commit runs: the commit sees it before publishing and refuses, naming the
+    file, instead of publishing a version that could never load."""
+    removed = []
+
+    def gc_that_listed_before_the_pin(other: StateBackend) -> None:
+        path = manifest_file(Path(other.ctx.store_dir.removeprefix("file:")), 2)
+        removed.append(path)
+        path.unlink()
+
+    store, _, outcome = rerun_after_gc_of_its_base(tmp_path, "changelog", gc_that_listed_before_the_pin)
+    assert isinstance(outcome, CheckpointMissingError), outcome
+    assert "manifests/2.json" in str(outcome) and "minBatchesToRetain" in str(outcome), outcome
+    before = json.loads(manifest_file(store, 4).read_text())
+    assert before["attempt_id"] != "rerun", "the re-run published on a base that lost its chain"
+
+
+def test_gc_looks_for_new_pins_after_planning(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A re-run pins its base while GC is reading manifests: GC lists the leases again before it
+    deletes anything, and keeps the newly pinned version's chain."""
+    store = tmp_path / "store"
+    # snapshot commits: a version needs no other version's manifest, so only a pin keeps version 3
+    writer = make_backend("rocksdb", store, tmp_path / "w", retain=2, mode="snapshot")
+    for v in range(6):
+        commit(writer, v, changes({f"k{v}".encode(): b"v"}), f"t{v}")
+    gc = make_backend("rocksdb", store, tmp_path / "gc", retain=2, mode="snapshot")
+    planned = gc.needs_by_version
+    lease = store / LEASE_DIR / ("c" * 32)
+
+    def pin_while_planning(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if not lease.parent.exists():  # the first plan only
+            lease.parent.mkdir()
+            lease.write_text(json.dumps({"version": 4, "token": "c" * 32, "at": time.time(), "base_version": 3}))
+        return planned(*args, **kwargs)
+
+    monkeypatch.setattr(gc, "needs_by_version", pin_while_planning)
+    gc.maintenance()
+    assert manifest_file(store, 3).exists(), "GC removed a version pinned while it planned"
+    assert state_of(make_backend("rocksdb", store, tmp_path / "r", mode="snapshot"), 3) == {
+        f"k{v}".encode(): b"v" for v in range(3)
+    }
+    assert not manifest_file(store, 2).exists()
+    lease.unlink()
+    gc.maintenance()
+    assert not manifest_file(store, 3).exists(), "unpinned, version 3 should go"
+
+
 def lease_written_at(path: Path) -> float:
     try:
         return float(json.loads(path.read_text())["at"])

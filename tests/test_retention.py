@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pystatestore.leases import leased_bases
 from pystatestore.remote import RemoteFile
 from pystatestore.retention import plan_retention
 
@@ -100,6 +101,40 @@ def test_the_version_committed_last_is_kept_whatever_its_number() -> None:
     assert plan.kept_versions == (1, 3, 4, 5)
     assert plan.delete_manifests == ("manifests/2.json",)
     assert plan.delete_files == ("shared/2.sst",)
+
+
+def test_a_version_a_live_commit_builds_on_is_kept_with_its_chain() -> None:
+    """Spark re-runs batch 3 on a fresh executor: its commit pinned version 2 (a changelog on 1),
+    below the retained versions. Version 2 stays, with the manifest and files of its chain."""
+    versions: dict[int, list[str] | None] = {
+        1: ["shared/1.sst"],
+        2: ["manifests/1.json", "shared/1.sst", "changelog/2-a.changes"],
+        3: ["changelog/3-a.changes"],
+        4: ["shared/4.sst"],
+        5: ["shared/5.sst"],
+    }
+    files = {1: ["shared/1.sst"], 2: ["changelog/2-a.changes"], 3: ["changelog/3-a.changes"], 4: [], 5: []}
+    files[4], files[5] = ["shared/4.sst"], ["shared/5.sst"]
+    listing = listing_for(files)
+    unpinned = plan_retention(listing, versions, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE)
+    assert "manifests/2.json" in unpinned.delete_manifests, "the scenario needs version 2 below the retained ones"
+    plan = plan_retention(listing, versions, min_versions_to_retain=1, now=NOW, orphan_grace_seconds=GRACE, pinned=[2])
+    assert plan.kept_versions == (2, 4, 5)
+    assert plan.delete_manifests == ("manifests/3.json",)
+    assert plan.delete_files == ("changelog/3-a.changes",)
+
+
+def test_only_lease_bodies_naming_a_base_pin_it() -> None:
+    bodies = [
+        b'{"version": 4, "token": "t", "at": 1.0, "base_version": 3}',
+        b'{"version": 9, "token": "u", "at": 1.0}',  # a slow commit on the newest version
+        b'{"base_version": true}',
+        b'{"base_version": -1}',
+        b'{"base_version": "2"}',
+        b"not json",
+        b"[1, 2]",
+    ]
+    assert leased_bases(bodies) == {3}
 
 
 def test_without_manifests_only_old_orphans_go() -> None:

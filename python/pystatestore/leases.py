@@ -12,6 +12,9 @@ so every commit attempt is protected by a lease:
 - Before it publishes its manifest, the attempt checks that it never went half a grace period without
   renewing (measured on its own clock from its start): an attempt that was frozen (GC pause, stopped
   process, stalled storage) may have lost files, so it fails instead of publishing and Spark retries.
+- An attempt that builds on a version older than the newest (Spark re-runs an older batch) writes its
+  lease at once, naming that base version: GC keeps a leased base like a retained version, with the
+  chain and files the new version will reference, however far below the retained ones it is.
 
 The token functions here are pure, so retention stays a pure function of a listing.
 """
@@ -69,6 +72,20 @@ def live_attempts(listing: Iterable[RemoteFile], *, now: float, grace_seconds: f
     )
 
 
+def leased_bases(bodies: Iterable[bytes]) -> frozenset[int]:
+    """The base versions named by the bodies of live leases (see `CommitLease.pin_base`). A body
+    that is not a lease of this release names none: it still protects its attempt's files."""
+    found = set()
+    for body in bodies:
+        try:
+            base = json.loads(body).get("base_version")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(base, int) and not isinstance(base, bool) and base >= 0:
+            found.add(base)
+    return frozenset(found)
+
+
 def validate_grace(value: str | float, *, store: str) -> float:
     """The orphan grace period in seconds; refuses values that would let GC outrun commits."""
     try:
@@ -103,6 +120,7 @@ class CommitLease:
         self._last_renewal = 0.0
         self._longest_gap = 0.0
         self._written = False
+        self.base_version: int | None = None
 
     def __enter__(self) -> CommitLease:
         self._started = self._last_renewal = self.clock()
@@ -123,11 +141,28 @@ class CommitLease:
     def renewal_interval(self) -> float:
         return self.grace / 4
 
+    def pin_base(self, base_version: int) -> None:
+        """Writes the lease now, naming `base_version`: GC keeps that version's chain and files while
+        the lease lives. Raises OSError when the lease cannot be written (the commit must not go on
+        unprotected)."""
+        self.base_version = base_version
+        with self._renewing:
+            self.remote.write_bytes(self.path, self._body())
+        with self._lock:
+            self._last_renewal = self.clock()
+            self._written = True
+
+    def _body(self) -> bytes:
+        doc: dict[str, object] = {"version": self.version, "token": self.token, "at": self.clock()}
+        if self.base_version is not None:
+            doc["base_version"] = self.base_version
+        return json.dumps(doc).encode()
+
     def renew(self) -> None:
         with self._renewing:
             if self._closed:  # the attempt has ended: writing now would leave a stale lease
                 return
-            body = json.dumps({"version": self.version, "token": self.token, "at": self.clock()}).encode()
+            body = self._body()
             try:
                 self.remote.write_bytes(self.path, body)
             except OSError as e:

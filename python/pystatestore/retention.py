@@ -69,6 +69,7 @@ def plan_retention(
     now: float,
     orphan_grace_seconds: float,
     dirs: Iterable[RemoteFile] = (),
+    pinned: Iterable[int] = (),
 ) -> RetentionPlan:
     """Plans deletions.
 
@@ -82,6 +83,7 @@ def plan_retention(
     write again) or that are dead (no live lease, older than the grace) are removed once empty.
     The version whose manifest was written last is kept like a retained one, whatever its number
     (`last_published_version`): after Spark re-runs older batches, the next commit builds on it.
+    So are the `pinned` versions, which live commit attempts are building on (`leases.leased_bases`).
     """
     files = list(listing)
     grace = orphan_grace_seconds
@@ -109,7 +111,8 @@ def plan_retention(
     # The version committed last stays too, whatever its number: the next commit may be building on
     # it (its manifest, chain and files) while this runs.
     last = last_published_version(files)
-    kept = sorted(v for v in referenced_by_version if v >= lowest or v == last)
+    pins = frozenset(pinned)
+    kept = sorted(v for v in referenced_by_version if v >= lowest or v == last or v in pins)
     if any(referenced_by_version[v] is None for v in kept):
         # What that version needs (its chain's manifests included) is unknown: delete nothing it might.
         return RetentionPlan(lowest, (), stale_leases, tuple(kept))
@@ -120,7 +123,11 @@ def plan_retention(
         sorted(
             f.path
             for f in in_manifest_dir
-            if (v := version_of_manifest(f.path)) is not None and v < lowest and v != last and f.path not in needed
+            if (v := version_of_manifest(f.path)) is not None
+            and v < lowest
+            and v != last
+            and v not in pins
+            and f.path not in needed
         )
     )
     finals = {version_of_manifest(f.path) for f in in_manifest_dir} - {None}

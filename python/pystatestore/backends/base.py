@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import frames
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
-from ..leases import LEASE_DIR, Clock, CommitLease, validate_grace
+from ..leases import LEASE_DIR, Clock, CommitLease, leased_bases, validate_grace
 from ..manifest import (
     KEY_ENCODING_RAW,
     KIND_CHANGELOG,
@@ -416,15 +416,24 @@ class StateBackend(abc.ABC):
         leases = self.remote.list_files(LEASE_DIR)
         data_files = [f for d in ("private", "shared", "changelog", SNAPSHOT_DIR) for f in self.remote.list_files(d)]
         attempt_dirs = self.remote.list_dirs("private")
-        refs = self.needs_by_version(manifests, data_files, now=now)
-        plan = plan_retention(
-            manifests + leases + data_files,
-            refs,
-            min_versions_to_retain=self.ctx.min_versions_to_retain,
-            now=now,
-            orphan_grace_seconds=self.ctx.orphan_grace_seconds,
-            dirs=attempt_dirs,
-        )
+        pinned = self._leased_bases(leases, now)
+        while True:
+            refs = self.needs_by_version(manifests, data_files, now=now, pinned=pinned)
+            plan = plan_retention(
+                manifests + leases + data_files,
+                refs,
+                min_versions_to_retain=self.ctx.min_versions_to_retain,
+                now=now,
+                orphan_grace_seconds=self.ctx.orphan_grace_seconds,
+                dirs=attempt_dirs,
+                pinned=pinned,
+            )
+            # A commit on an older version may have pinned it while this planned: look again right
+            # before deleting (the commit checks its base's files once more before it publishes).
+            again = pinned | self._leased_bases(self.remote.list_files(LEASE_DIR), now)
+            if again == pinned:
+                break
+            pinned = again
         for rel in plan.delete_manifests + plan.delete_files:
             self.remote.delete(rel)
             self._fault_point("gc:deleted")
@@ -438,13 +447,32 @@ class StateBackend(abc.ABC):
             "keptVersions": len(plan.kept_versions),
         }
 
+    def _leased_bases(self, leases: list[RemoteFile], now: float) -> frozenset[int]:
+        """The versions live commit attempts are building on (see `CommitLease.pin_base`)."""
+        grace = self.ctx.orphan_grace_seconds
+        bodies = []
+        for f in leases:
+            if f.mtime is not None and now - f.mtime > grace:
+                continue  # expired: its attempt is dead or will refuse to publish
+            try:
+                bodies.append(self.remote.read_bytes(f.path).to_pybytes())
+            except (OSError, CheckpointMissingError):
+                continue  # removed since the listing: its attempt has ended
+        return leased_bases(bodies)
+
     def needs_by_version(
-        self, manifests: list[RemoteFile], data_files: list[RemoteFile], *, now: float
+        self,
+        manifests: list[RemoteFile],
+        data_files: list[RemoteFile],
+        *,
+        now: float,
+        pinned: frozenset[int] = frozenset(),
     ) -> dict[int, list[str] | None]:
         """What each version with a manifest needs (None: its manifest is unreadable). A retained
-        version needs its whole chain back to a snapshot; so does the version committed last, which
-        retention keeps whatever its number (the next commit builds on it); an older one, only what
-        it names itself (it is going, and with it what only it used)."""
+        version needs its whole chain back to a snapshot; so do the version committed last, which
+        retention keeps whatever its number (the next commit builds on it), and the `pinned` ones
+        (live commit attempts build on them); an older one, only what it names itself (it is going,
+        and with it what only it used)."""
         snapshots = {
             key: f for f in data_files if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
         }
@@ -458,7 +486,7 @@ class StateBackend(abc.ABC):
         for v in sorted(versions, reverse=True):
             try:
                 m = cache.get(v) or self.read_any_manifest(v)
-                if lowest is not None and (v >= lowest or v == last):
+                if lowest is not None and (v >= lowest or v == last or v in pinned):
                     needed = self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
                 else:
                     # A version on its way out: its own files and the snapshot made of it, so the

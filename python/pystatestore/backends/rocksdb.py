@@ -44,6 +44,7 @@ import rocksdict
 
 from .. import changelog, frames
 from ..errors import CheckpointDamagedError, CheckpointMissingError, StoreConfigError
+from ..leases import CommitLease
 from ..local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
 from ..manifest import (
     KEY_ENCODING_PREFIX,
@@ -687,6 +688,27 @@ class RocksDBBackend(StateBackend):
             if view_dir is not None
             else self.work_dir / f"ckpt-{version}-{uuid.uuid4().hex[:8]}"
         )
+        with self.commit_attempt(version) as lease:
+            if base_version > 0 and self.remote.exists(manifest_path(version)):
+                # Spark re-runs an older batch (or retries one that was durable): the base may already
+                # be below the retained versions, so keep GC off it while this attempt runs.
+                lease.pin_base(base_version)
+            return self._commit_under(
+                lease, base_version, changes, attempt_id, base_manifest_id, num_keys, checkpoint_dir, view_dir
+            )
+
+    def _commit_under(
+        self,
+        lease: CommitLease,
+        base_version: int,
+        changes: frames.Changes,
+        attempt_id: str,
+        base_manifest_id: str | None,
+        num_keys: int,
+        checkpoint_dir: Path,
+        view_dir: str | None,
+    ) -> CommitResult:
+        version = base_version + 1
         base, load_cost = self._ensure_at(base_version)
         self.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
         assert self._db is not None
@@ -722,31 +744,30 @@ class RocksDBBackend(StateBackend):
             rocksdict.Checkpoint(self._db).create_checkpoint(str(checkpoint_dir))
             metrics["checkpointMs"] = _ms(t)
             self._fault_point("commit:checkpointed")
-            with self.commit_attempt(version) as lease:
-                t = time.perf_counter()
-                if segment_path is not None:
-                    changes_ref, uploaded = self._store_changes(
-                        segment_path, rows, version, lease.token, self.inline_bytes
-                    )
-                    manifest = self.new_changelog_manifest(
-                        version,
-                        num_keys,
-                        attempt_id,
-                        parent_manifest_id=base.manifest_id if base else "",
-                        changes=changes_ref,
-                    )
-                else:
-                    manifest, uploaded = self._snapshot_of(
-                        checkpoint_dir, version, num_keys, attempt_id, lease.token, self._reusable_for(base)
-                    )
-                metrics["uploadMs"] = _ms(t)
-                self._fault_point("commit:uploaded")
-                t = time.perf_counter()
-                body = manifest.to_json()
-                lease.check_before_publish()
-                self.remote.publish(manifest_path(version), body)  # the commit point
-                published = True
-                metrics["manifestMs"] = _ms(t)
+            t = time.perf_counter()
+            if segment_path is not None:
+                changes_ref, uploaded = self._store_changes(segment_path, rows, version, lease.token, self.inline_bytes)
+                manifest = self.new_changelog_manifest(
+                    version,
+                    num_keys,
+                    attempt_id,
+                    parent_manifest_id=base.manifest_id if base else "",
+                    changes=changes_ref,
+                )
+            else:
+                manifest, uploaded = self._snapshot_of(
+                    checkpoint_dir, version, num_keys, attempt_id, lease.token, self._reusable_for(base)
+                )
+            metrics["uploadMs"] = _ms(t)
+            self._fault_point("commit:uploaded")
+            t = time.perf_counter()
+            body = manifest.to_json()
+            lease.check_before_publish()
+            if lease.base_version is not None and base is not None:
+                self._check_base_intact(base)
+            self.remote.publish(manifest_path(version), body)  # the commit point
+            published = True
+            metrics["manifestMs"] = _ms(t)
             self._fault_point("commit:manifest-written")
             if self.local_copies is not None and self._local_copy_due(version, manifest):
                 known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
@@ -779,6 +800,39 @@ class RocksDBBackend(StateBackend):
             metrics,
             manifest_id=manifest.manifest_id,
         )
+
+    def _check_base_intact(self, base: Manifest) -> None:
+        """Raises CheckpointMissingError unless every file a restore of `base` reads is still there:
+        garbage collection that planned before this attempt pinned its base may have removed them,
+        and a version published on a removed base could never be loaded."""
+        current = self.read_manifest(base.version)
+        self.check_base(base.version, current.manifest_id, base.manifest_id)
+        for path in sorted(self.restore_needs(current)):
+            if not self.remote.exists(path):
+                raise CheckpointMissingError(
+                    f"version {base.version}, which this commit builds on, lost a file to garbage collection "
+                    "while the commit ran (it is older than the versions spark.sql.streaming.minBatchesToRetain keeps)",
+                    store=self.ctx.store_dir,
+                    version=base.version,
+                    file=path,
+                    advice="Nothing was published for this attempt. Spark retries the task; if the retry fails the "
+                    "same way, the batch being re-run is older than the checkpoint retains: restart the query from "
+                    "its newest batch or raise spark.sql.streaming.minBatchesToRetain.",
+                )
+
+    def restore_needs(self, m: Manifest) -> set[str]:
+        """The files a restore of `m` reads at least: its chain's manifests and changes back to the
+        nearest snapshot, and that snapshot's files."""
+        needed: set[str] = set()
+        for c in self.chain_back(m):
+            needed |= {manifest_path(c.version), *(f.path for f in c.files())}
+            if not c.is_changelog:
+                break
+            snapshot = self.read_snapshot(c.version, c.manifest_id)
+            if snapshot is not None:
+                needed |= {snapshot_path(c.version, c.manifest_id), *(f.path for f in snapshot.files())}
+                break
+        return needed
 
     def _local_copy_due(self, version: int, manifest: Manifest) -> bool:
         """Snapshot commits keep a copy of every version (an older copy cannot be brought forward);
