@@ -481,3 +481,67 @@ def test_a_damaged_segment_is_not_reported_as_an_unsorted_frame(tmp_path: Path) 
 
     with pytest.raises(changelog.SegmentFormatError, match="offsets out of order"):
         b._write_change_file(damaged(), 2)
+
+
+def test_gc_parses_a_settled_manifest_once_and_again_when_it_is_replaced(
+    store_dir: Path, tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
+    """GC runs for every store every maintenance interval: manifests it parsed before and that the
+    listing shows unchanged are not read again; a replaced one is, and a fresh one is never kept."""
+    import pystatestore.backends.base as base_module
+
+    parsed: list[str] = []
+    from_json = base_module.Manifest.from_json
+
+    def counting(data: bytes, **kwargs):  # noqa: ANN003, ANN202
+        parsed.append(kwargs.get("file", ""))
+        return from_json(data, **kwargs)
+
+    monkeypatch.setattr(base_module.Manifest, "from_json", staticmethod(counting))
+    b = make_backend("rocksdb", store_dir, tmp_path / "b", min_deltas=100)
+    for v in range(5):
+        commit(b, v, changes({f"k{v}".encode(): b"x"}), f"t{v}")
+    b.maintenance()  # every manifest was written just now: none may be kept
+    parsed.clear()
+    b.maintenance()
+    assert "manifests/5.json" in parsed, "a manifest younger than SETTLED_SECONDS was taken from the cache"
+    later = time.time() + base_module.ParsedManifests.SETTLED_SECONDS + 1
+    b.maintenance(now=later)
+    parsed.clear()
+    b.maintenance(now=later)
+    assert parsed == [], f"settled, unchanged manifests were parsed again: {parsed}"
+    # another attempt replaces version 5 (same size: only the key and attempt differ)
+    other = make_backend("rocksdb", store_dir, tmp_path / "other", min_deltas=100)
+    replaced = commit(other, 4, changes({b"k9": b"x"}), "t9")
+    b.maintenance(now=time.time() + base_module.ParsedManifests.SETTLED_SECONDS + 1)
+    assert "manifests/5.json" in parsed
+    listed = {f.path: f for f in b.remote.list_files("manifests")}
+    assert b.parsed.get(listed["manifests/5.json"]).manifest_id == replaced.manifest_id
+
+
+def test_parsed_manifests_match_only_the_very_file_listed() -> None:
+    from pystatestore.backends.base import ParsedManifests
+    from pystatestore.manifest import Manifest
+
+    cache = ParsedManifests()
+    m = Manifest(
+        store={},
+        version=1,
+        base_version=0,
+        backend="rocksdb",
+        key_schema="",
+        value_schema="",
+        num_keys=0,
+        attempt_id="a",
+    )
+    now = 1000.0
+    cache.put(RemoteFile("manifests/1.json", 10, now - 1), m, now)
+    assert cache.get(RemoteFile("manifests/1.json", 10, now - 1)) is None, "stored while it could still change"
+    cache.put(RemoteFile("manifests/1.json", 10, now - 5), m, now)
+    assert cache.get(RemoteFile("manifests/1.json", 10, now - 5)) is m
+    assert cache.get(RemoteFile("manifests/1.json", 11, now - 5)) is None
+    assert cache.get(RemoteFile("manifests/1.json", 10, now - 4)) is None
+    cache.put(RemoteFile("manifests/2.json", 10, None), m, now)
+    assert len(cache) == 1, "a file of unknown age was stored"
+    cache.keep_only(set())
+    assert cache.get(RemoteFile("manifests/1.json", 10, now - 5)) is None

@@ -101,6 +101,40 @@ class CommitResult:
     manifest_id: str = ""
 
 
+class ParsedManifests:
+    """Manifests garbage collection has parsed, reused while a listing shows the very same file.
+
+    GC runs every maintenance interval for every store and needs every retained chain: at Spark's
+    200 partitions, reading and parsing them again each time took more of the worker than commits.
+    An entry is keyed by the size and modification time a listing gave when it was stored, and only
+    files already `SETTLED_SECONDS` old are stored (git's rule for racy timestamps): a replacement
+    written later has a later time, so it can never be taken for the cached file, even where storage
+    keeps times to the second. Only manifests that passed the store's identity check are stored."""
+
+    SETTLED_SECONDS = 3.0
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, float, Manifest]] = {}
+
+    def get(self, listed: RemoteFile | None) -> Manifest | None:
+        entry = self._entries.get(listed.path) if listed is not None else None
+        if entry is None or listed is None or (entry[0], entry[1]) != (listed.size, listed.mtime):
+            return None
+        return entry[2]
+
+    def put(self, listed: RemoteFile | None, m: Manifest, now: float) -> None:
+        if listed is not None and listed.mtime is not None and now - listed.mtime >= self.SETTLED_SECONDS:
+            self._entries[listed.path] = (listed.size, listed.mtime, m)
+
+    def keep_only(self, paths: set[str]) -> None:
+        """Forgets files no longer listed (collected, or set aside)."""
+        for path in [p for p in self._entries if p not in paths]:
+            del self._entries[path]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class StateBackend(abc.ABC):
     """One store's versions. Implementations must be safe to call from one thread at a time
     (the service serialises calls per store)."""
@@ -125,6 +159,7 @@ class StateBackend(abc.ABC):
         self.fault_hook: FaultHook | None = None
         # Wall clock for leases and GC; the model-based test moves it forward to simulate time passing.
         self.clock: Clock = time.time
+        self.parsed = ParsedManifests()
 
     def _fault_point(self, name: str) -> None:
         if self.fault_hook is not None:
@@ -351,7 +386,7 @@ class StateBackend(abc.ABC):
             if not c.is_changelog:
                 break
             snap = snapshots.get((c.version, c.manifest_id))
-            materialized = self.read_snapshot(c.version, c.manifest_id) if snap is not None else None
+            materialized = self._listed_snapshot(snap, c, now) if snap is not None else None
             if snap is None or materialized is None:
                 continue
             needed.add(snap.path)
@@ -460,6 +495,36 @@ class StateBackend(abc.ABC):
                 continue  # removed since the listing: its attempt has ended
         return leased_bases(bodies)
 
+    def _listed_snapshot(self, snap: RemoteFile, m: Manifest, now: float) -> Manifest | None:
+        """`read_snapshot` of the listed snapshot file `snap` of `m`, from `parsed` when unchanged."""
+        found = self.parsed.get(snap)
+        if found is None:
+            found = self.read_snapshot(m.version, m.manifest_id)
+            if found is not None:
+                self.parsed.put(snap, found, now)
+        return found
+
+    def _listed_manifests(self, manifests: list[RemoteFile], now: float) -> dict[int, Manifest]:
+        """The manifests of the listed versions `parsed` holds unchanged."""
+        found = {}
+        for f in manifests:
+            v = version_of_manifest(f.path)
+            if v is not None and (m := self.parsed.get(f)) is not None:
+                found[v] = m
+        return found
+
+    def _remember_manifests(self, manifests: list[RemoteFile], read: Mapping[int, Manifest], now: float) -> None:
+        for f in manifests:
+            v = version_of_manifest(f.path)
+            m = read.get(v) if v is not None else None
+            if m is None or m.version != v or self.parsed.get(f) is m:
+                continue
+            try:
+                self._check_identity(m, f.path)
+            except (CheckpointDamagedError, StoreConfigError):
+                continue  # GC reads it again each time, and every load refuses it
+            self.parsed.put(f, m, now)
+
     def needs_by_version(
         self,
         manifests: list[RemoteFile],
@@ -482,10 +547,15 @@ class StateBackend(abc.ABC):
         lowest = lowest_retained_version(versions, self.ctx.min_versions_to_retain)
         last = last_published_version(manifests)
         refs: dict[int, list[str] | None] = {}
-        cache: dict[int, Manifest] = {}
+        # Manifests parsed by earlier runs and unchanged since (checked to be this store's, as the
+        # chains need them); the rest are read once per run.
+        cache: dict[int, Manifest] = self._listed_manifests(manifests, now)
+        unchecked: dict[int, Manifest] = {}
         for v in sorted(versions, reverse=True):
             try:
-                m = cache.get(v) or self.read_any_manifest(v)
+                m = cache.get(v)
+                if m is None:
+                    m = unchecked[v] = self.read_any_manifest(v)
                 if lowest is not None and (v >= lowest or v == last or v in pinned):
                     needed = self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
                 else:
@@ -494,12 +564,14 @@ class StateBackend(abc.ABC):
                     # retained version's chain needs them (rather than after the orphan grace).
                     needed = {f.path for f in m.files()}
                     snap = snapshots.get((v, m.manifest_id))
-                    materialized = self.read_snapshot(v, m.manifest_id) if snap is not None else None
+                    materialized = self._listed_snapshot(snap, m, now) if snap is not None else None
                     if snap is not None and materialized is not None:
                         needed |= {snap.path, *(f.path for f in materialized.files())}
                 refs[v] = sorted(needed)
             except (CheckpointDamagedError, CheckpointMissingError):
                 refs[v] = None  # unknown needs: keep every data file
+        self._remember_manifests(manifests, {**unchecked, **cache}, now)
+        self.parsed.keep_only({f.path for f in manifests} | {f.path for f in snapshots.values()})
         return refs
 
     def _after_retention(self, plan: RetentionPlan) -> None:  # noqa: B027 - optional hook
