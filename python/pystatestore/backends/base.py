@@ -117,10 +117,10 @@ class ParsedManifests:
         self._entries: dict[str, tuple[int, float, Manifest]] = {}
 
     def get(self, listed: RemoteFile | None) -> Manifest | None:
-        entry = self._entries.get(listed.path) if listed is not None else None
-        if entry is None or listed is None or (entry[0], entry[1]) != (listed.size, listed.mtime):
+        if listed is None:
             return None
-        return entry[2]
+        entry = self._entries.get(listed.path)
+        return entry[2] if entry is not None and entry[:2] == (listed.size, listed.mtime) else None
 
     def put(self, listed: RemoteFile | None, m: Manifest, now: float) -> None:
         if listed is not None and listed.mtime is not None and now - listed.mtime >= self.SETTLED_SECONDS:
@@ -504,7 +504,7 @@ class StateBackend(abc.ABC):
                 self.parsed.put(snap, found, now)
         return found
 
-    def _listed_manifests(self, manifests: list[RemoteFile], now: float) -> dict[int, Manifest]:
+    def _listed_manifests(self, manifests: list[RemoteFile]) -> dict[int, Manifest]:
         """The manifests of the listed versions `parsed` holds unchanged."""
         found = {}
         for f in manifests:
@@ -549,7 +549,7 @@ class StateBackend(abc.ABC):
         refs: dict[int, list[str] | None] = {}
         # Manifests parsed by earlier runs and unchanged since (checked to be this store's, as the
         # chains need them); the rest are read once per run.
-        cache: dict[int, Manifest] = self._listed_manifests(manifests, now)
+        cache: dict[int, Manifest] = self._listed_manifests(manifests)
         unchecked: dict[int, Manifest] = {}
         for v in sorted(versions, reverse=True):
             try:

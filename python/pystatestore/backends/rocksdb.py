@@ -27,6 +27,7 @@ one the version's chain resolves to (so garbage collection keeps it).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -807,7 +808,10 @@ class RocksDBBackend(StateBackend):
         and a version published on a removed base could never be loaded."""
         current = self.read_manifest(base.version)
         self.check_base(base.version, current.manifest_id, base.manifest_id)
-        for path in sorted(self.restore_needs(current)):
+        snapshots = {key: f for f in self.remote.list_files(SNAPSHOT_DIR) if (key := snapshot_of(f.path))}
+        # At an infinite `now` every snapshot is settled: the chain back to the nearest one, what a restore reads.
+        needed = self.dependencies(current, snapshots=snapshots, now=math.inf) | {manifest_path(base.version)}
+        for path in sorted(needed):
             if not self.remote.exists(path):
                 raise CheckpointMissingError(
                     f"version {base.version}, which this commit builds on, lost a file to garbage collection "
@@ -819,20 +823,6 @@ class RocksDBBackend(StateBackend):
                     "same way, the batch being re-run is older than the checkpoint retains: restart the query from "
                     "its newest batch or raise spark.sql.streaming.minBatchesToRetain.",
                 )
-
-    def restore_needs(self, m: Manifest) -> set[str]:
-        """The files a restore of `m` reads at least: its chain's manifests and changes back to the
-        nearest snapshot, and that snapshot's files."""
-        needed: set[str] = set()
-        for c in self.chain_back(m):
-            needed |= {manifest_path(c.version), *(f.path for f in c.files())}
-            if not c.is_changelog:
-                break
-            snapshot = self.read_snapshot(c.version, c.manifest_id)
-            if snapshot is not None:
-                needed |= {snapshot_path(c.version, c.manifest_id), *(f.path for f in snapshot.files())}
-                break
-        return needed
 
     def _local_copy_due(self, version: int, manifest: Manifest) -> bool:
         """Snapshot commits keep a copy of every version (an older copy cannot be brought forward);
