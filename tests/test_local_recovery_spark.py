@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from pyspark.sql import SparkSession
@@ -140,15 +142,38 @@ def executor_pids(app_id: str) -> list[int]:
     return sorted(pids)
 
 
-def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
-    """A first run in which one executor is SIGKILLed once version 2 exists: the stores it held
-    (store -> the first version the other executor wrote), and the restore metrics of each batch."""
+RESTORE_LINE = re.compile(
+    r"store (?P<store>\S+)#\S*: restored version (?P<version>\d+) from (?P<source>\S+) in \d+ ms: "
+    r"(?P<local_files>\d+) files \((?P<local_bytes>\d+) bytes\) from the local copy, "
+    r"(?P<remote_files>\d+) files \((?P<remote_bytes>\d+) bytes\) from the checkpoint, "
+    r"changes of (?P<replayed>\d+) versions replayed"
+)
+
+
+def restores_in_worker_logs(local_dir: Path) -> dict[tuple[str, int], list[dict[str, str]]]:
+    """Every restore the state workers of this machine logged: (store path, version) -> its lines.
+    Worker logs sit in spark.local.dir/pystatestore-<executor pid>/ while their JVM runs."""
+    found: dict[tuple[str, int], list[dict[str, str]]] = {}
+    for log_file in sorted(local_dir.glob("pystatestore-*/worker-*.log")):
+        for line in log_file.read_text(errors="replace").splitlines():
+            m = RESTORE_LINE.search(line)
+            if m:
+                found.setdefault((urlparse(m["store"]).path, int(m["version"])), []).append(m.groupdict())
+    return found
+
+
+def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[tuple[str, int], list[dict[str, str]]]]:
+    """A run in which one executor is SIGKILLed once version 2 exists: the stores it held (store
+    -> the first version the other executor wrote), and the restores the workers logged."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     files_per_phase = 4
     state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+    local_dir = tmp_path / "spark-local"
     killed: list[int] = []
     # A copy of every version, so that the moved stores (versions 2 and 3) have one to restore from
-    spark = start_session("local-cluster[2,1,1024]", **{CONF + "localRecoveryInterval": "1"})
+    spark = start_session(
+        "local-cluster[2,1,1024]", **{CONF + "localRecoveryInterval": "1", "spark.local.dir": str(local_dir)}
+    )
     app_id = spark.sparkContext.applicationId
 
     def killer() -> None:
@@ -162,16 +187,17 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[in
 
     thread = threading.Thread(target=killer, daemon=True)
     try:
-        progress = compare_with_builtin(
+        compare_with_builtin(
             spark, tmp_path, tmp_path / "recovery", files_per_phase=files_per_phase, before_ours=thread.start
         )
         thread.join(10)
+        # Read before stop(): a JVM that exits normally removes its workers' directory, logs included.
+        restores = restores_in_worker_logs(local_dir)
     finally:
         spark.stop()
     assert killed, "no executor of this application was killed"
     # Which stores the killed executor held, and the first version another JVM wrote for each
-    # (manifests name their writer's JVM): those stores were restored in the batch that wrote it,
-    # in the first run, before any query restart.
+    # (manifests name their writer's JVM): that JVM restored the version before, in the first run.
     moved_at: dict[str, int] = {}
     for store in sorted(d for d in state_dir.iterdir() if d.name.isdigit()):  # partitions, not _metadata
         writers = {
@@ -180,25 +206,21 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[in
         }
         for v in range(1, files_per_phase):
             if writers[v] == killed[0] and writers[v + 1] != killed[0]:
-                moved_at[store.name] = v + 1
+                moved_at[str(store)] = v + 1
     assert moved_at, "no store of the killed executor was taken over by the other one"
-    per_batch = {p["batchId"]: restore_totals([p]) for p in progress if 1 <= p["batchId"] < files_per_phase}
-    return moved_at, per_batch
+    return moved_at, restores
 
 
 @pytest.mark.cluster
 def test_executor_killed_mid_stream_restores_locally(tmp_path: Path) -> None:
-    for attempt in range(2):
-        moved_at, per_batch = kill_an_executor_mid_stream(tmp_path / f"run{attempt}")
-        restores = {store: per_batch[version - 1] for store, version in moved_at.items()}  # batch b writes b + 1
-        for store, restored in restores.items():
-            # From the checkpoint: files downloaded, or changes replayed (inline in manifests: no files)
-            checkpoint_keys = ("RemoteFiles", "RemoteBytes", "ChangelogVersions")
-            from_checkpoint = sum(restored[f"pystatestoreRestore{k}"] for k in checkpoint_keys)
-            assert from_checkpoint == 0, ("restored from the checkpoint", store, moved_at, per_batch)
-        if any(r["pystatestoreRestoreLocalBytes"] > 0 for r in restores.values()):
-            return
-        # The batch reported no restore at all: the killed executor's shuffle output went with it, so
-        # the moved store's first attempt restored (and its metrics were discarded with it) before it
-        # failed to fetch, and the retry found the state already loaded. Nothing is shown; run again.
-    pytest.fail(f"two runs in a row showed no local restore of the moved stores: {moved_at}, {per_batch}")
+    # The workers' logs, not the batches' metrics: when the killed executor's shuffle output is
+    # lost too, the first attempt restores and then fails to fetch, its metrics are discarded, and
+    # the retry finds the version already loaded.
+    moved_at, restores = kill_an_executor_mid_stream(tmp_path)
+    for store, version in moved_at.items():
+        lines = restores.get((store, version - 1))
+        assert lines, ("no restore of the moved store was logged", store, version - 1, sorted(restores))
+        for line in lines:
+            assert line["source"] == "local-copy", line
+            assert int(line["local_bytes"]) > 0, line
+            assert (line["remote_files"], line["remote_bytes"], line["replayed"]) == ("0", "0", "0"), line

@@ -192,6 +192,7 @@ class StoreService:
             started = time.perf_counter()
             with self._store(handle).locked(f"load of version {version}", handle) as backend:
                 result = backend.load(int(version), view_dir or None)
+            _log_restore(handle, int(version), result)
             if result.frame is not None:
                 frames.write_buffer(out_path, result.frame)
             return _load_reply(result, started)
@@ -326,6 +327,7 @@ class StoreService:
             what = f"replay of version {end_version} from snapshot {snapshot_version}"
             with self._store(handle).locked(what, handle) as backend:
                 result = backend.replay(int(snapshot_version), int(end_version), view_dir or None)
+            _log_restore(handle, int(end_version), result)
             return _load_reply(result, started)
 
         return _reply(run)
@@ -382,6 +384,32 @@ def _close_when_idle(store: _Store) -> None:
             store.backend.close()
 
     threading.Thread(target=close, name="close-replaced-store", daemon=True).start()
+
+
+def _log_restore(handle: str, version: int, result: LoadResult) -> None:
+    """One executor-log line per version rebuilt (not one already in memory): where its files came
+    from is what tells a user whether local recovery works for them."""
+    if result.source == "memory":
+        return
+    m = result.metrics
+    if "restoreMs" not in m:  # a backend without per-source figures
+        log.info(
+            "store %s: restored version %d from %s (%d bytes read)", handle, version, result.source, result.bytes_read
+        )
+        return
+    log.info(
+        "store %s: restored version %d from %s in %d ms: %d files (%d bytes) from the local copy, "
+        "%d files (%d bytes) from the checkpoint, changes of %d versions replayed",
+        handle,
+        version,
+        result.source,
+        m["restoreMs"],
+        m.get("restoreLocalFiles", 0),
+        m.get("restoreLocalBytes", 0),
+        m.get("restoreRemoteFiles", 0),
+        m.get("restoreRemoteBytes", 0),
+        m.get("restoreChangelogVersions", 0),
+    )
 
 
 def _load_reply(result: LoadResult, started: float) -> dict[str, Any]:
