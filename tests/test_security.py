@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkSession, object]]:
+def session_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkSession, list]]:
     spark = start_session("local[2]")
     run_with_restart(
         spark,
@@ -27,10 +28,20 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SparkSess
         output_mode="update",
         files_per_phase=1,
     )
-    current = spark._jvm.org.pystatestore.StateWorker.currentWorker()
-    assert current.isDefined(), "the query should have started a state worker in this (local-mode) JVM"
-    yield spark, current.get()
+    pool = spark._jvm.org.pystatestore.StateWorker.currentWorkers()
+    workers = [pool.apply(i) for i in range(pool.size())]
+    # One per task slot (local[2]), at most one per core; the 3 shuffle partitions reach both
+    assert len(workers) == min(2, os.cpu_count() or 1), "expected one state worker per task slot in this JVM"
+    yield spark, workers
     spark.stop()
+
+
+@pytest.fixture(params=[0, 1], ids=["worker0", "worker1"])
+def worker(session_workers: tuple[SparkSession, list], request: pytest.FixtureRequest) -> tuple[SparkSession, object]:
+    spark, workers = session_workers
+    if request.param >= len(workers):
+        pytest.skip(f"this machine's pool has {len(workers)} worker(s)")
+    return spark, workers[request.param]
 
 
 def listening_addresses(port: int) -> set[str]:

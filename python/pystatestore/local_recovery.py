@@ -368,13 +368,14 @@ def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older
         markers = list(store.glob(f"*/{MARKER}")) if store.is_dir() and not store.is_symlink() else []
         if not markers:
             continue
-        try:
+        try:  # another worker on this host may be removing the same store's copies
             info = json.loads(markers[0].read_text())
+            age = now - markers[0].stat().st_mtime
         except (OSError, ValueError):
             continue
         if not isinstance(info, dict) or store_key(str(info.get("store", ""))) != store.name:
             continue  # a marker that does not describe its directory: not ours to judge
-        if now - markers[0].stat().st_mtime > older_than_s and not store_exists(info.get("store", "")):
+        if age > older_than_s and not store_exists(info.get("store", "")):
             shutil.rmtree(store, ignore_errors=True)
             removed += 1
     return removed

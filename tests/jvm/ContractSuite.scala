@@ -393,11 +393,11 @@ object ContractSuite {
     val dir = newDir()
     val p = provider(dir)
     commitVersion(p, 0, Map("a" -> 1))
-    val worker = StateWorker.currentWorker.get
-    val deadWorkersDatabases = Option(StateWorker.localStateDir.listFiles()).toSeq.flatten.flatMap { d =>
+    val worker = StateWorker.workerFor(0).get
+    val deadWorkersDatabases = Option(worker.localStateDir.listFiles()).toSeq.flatten.flatMap { d =>
       Option(d.listFiles()).toSeq.flatten
     }
-    check(backend != "rocksdb" || deadWorkersDatabases.nonEmpty, s"no local databases under ${StateWorker.localStateDir}")
+    check(backend != "rocksdb" || deadWorkersDatabases.nonEmpty, s"no local databases under ${worker.localStateDir}")
     val s = p.getStore(1)
     s.put(key("b"), value(2))
     // Freeze the worker so the commit is surely in flight, then kill it mid-call.
@@ -419,7 +419,7 @@ object ContractSuite {
     s.abort()
     // the retried task: same version again, a fresh worker that reloads version 1 from the checkpoint
     check(commitVersion(p, 1, Map("b" -> 2)) == 2, "retry commits")
-    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    check(StateWorker.workerFor(0).get.generation > worker.generation, "a new worker was started")
     val leftBehind = deadWorkersDatabases.filter(_.exists)
     check(leftBehind.isEmpty, s"the dead worker's local databases were left behind: ${leftBehind.take(3)}")
     val fresh = provider(dir)
@@ -431,13 +431,45 @@ object ContractSuite {
     val dir = newDir()
     val p = provider(dir)
     commitVersion(p, 0, Map("a" -> 1))
-    val worker = StateWorker.currentWorker.get
+    val worker = StateWorker.workerFor(0).get
     worker.process.destroyForcibly().waitFor()
     // Nothing was in flight, so nothing fails: the next call starts a worker that reloads version 1.
     check(commitVersion(p, 1, Map("b" -> 2)) == 2, "commit after the worker was killed while idle")
-    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    check(StateWorker.workerFor(0).get.generation > worker.generation, "a new worker was started")
     check(contents(provider(dir).getStore(2)) == Map(("a", 0) -> 1, ("b", 0) -> 2), "state after restart")
     p.close()
+  }
+
+  scenario("a_bad_worker_count_is_refused_naming_the_conf") {
+    for (bad <- Seq("0", "many", "65")) {
+      val e = expectThrows[Throwable](s"workers=$bad") {
+        provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.workers" -> bad))
+      }
+      check(messages(e).contains(s"spark.sql.streaming.stateStore.pystatestore.workers=$bad") &&
+        messages(e).contains("fix or unset it"), s"workers=$bad: ${messages(e)}")
+    }
+  }
+
+  scenario("partitions_are_spread_over_the_pool_and_one_worker_dying_spares_the_others") {
+    val dir = newDir()
+    val ps = (0 until 2).map(part => provider(dir, partition = part))
+    ps.zipWithIndex.foreach { case (p, part) => commitVersion(p, 0, Map(s"p$part" -> 1)) }
+    val pool = StateWorker.currentWorkers
+    // local[2] on this machine: one worker per task slot, at most one per core
+    val expected = math.min(2, Runtime.getRuntime.availableProcessors())
+    check(pool.size == expected, s"expected $expected workers in this JVM, found ${pool.map(_.describe)}")
+    if (expected == 2) {
+      val Seq(w0, w1) = Seq(0, 1).map(part => StateWorker.workerFor(part).get)
+      check(w0.pid != w1.pid && w0.localStateDir != w1.localStateDir, s"partitions 0 and 1 share ${w0.describe}")
+      def hasLocalDb: Boolean = backend != "rocksdb" || Option(w1.localStateDir.list()).exists(_.nonEmpty)
+      check(hasLocalDb, s"no local database under ${w1.localStateDir}")
+      w0.process.destroyForcibly().waitFor()
+      check(commitVersion(ps(0), 1, Map("p0b" -> 2)) == 2, "partition 0 commits after its worker was killed")
+      check(StateWorker.workerFor(1).get eq w1, "partition 1's worker must not be replaced for another's death")
+      check(hasLocalDb, "partition 1's local database was deleted")
+      check(contents(ps(1).getStore(1)) == Map(("p1", 0) -> 1), "partition 1 reads from its worker")
+    }
+    ps.foreach(_.close())
   }
 
   scenario("two_partitions_commit_concurrently") {
@@ -462,7 +494,7 @@ object ContractSuite {
   }
 
   scenario("a_python_that_cannot_run_the_worker_gives_a_clear_error") {
-    StateWorker.currentWorker.foreach(_.process.destroyForcibly().waitFor())
+    StateWorker.currentWorkers.foreach(_.process.destroyForcibly().waitFor())
     val p = provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.pythonExec" -> "/bin/false"))
     val s = p.getStore(0)
     s.put(key("a"), value(1))
@@ -573,7 +605,7 @@ object ContractSuite {
     // injection) before the competing commit can reach the same point. Timing from here errs late.
     val dirName = new File(new java.net.URI(dir).getPath).getName // unique: slow-commit<random>
     def stalling(line: String): Boolean = line.contains("commit:uploaded for store") && line.contains(dirName)
-    def stallLogged: Boolean = StateWorker.currentWorker.exists { w =>
+    def stallLogged: Boolean = StateWorker.workerFor(0).exists { w =>
       w.logFile.exists() && Files.readAllLines(w.logFile.toPath).asScala.exists(stalling)
     }
     check(awaitCondition(stallLogged, inFlight.isDone), s"the slow commit did not reach its stall within 60 s (done: ${inFlight.isDone})")
@@ -602,7 +634,7 @@ object ContractSuite {
     val dir = newDir()
     val p = provider(dir, conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.workerProbeIntervalMs" -> "1000"))
     commitVersion(p, 0, Map("a" -> 1))
-    val worker = StateWorker.currentWorker.get
+    val worker = StateWorker.workerFor(0).get
     val s = p.getStore(1)
     s.put(key("b"), value(2))
     new ProcessBuilder("kill", "-STOP", worker.pid.toString).start().waitFor()
@@ -615,7 +647,7 @@ object ContractSuite {
       text.contains(worker.logFile.getPath) && text.contains("commit of"), s"unclear error: $text")
     s.abort()
     check(commitVersion(p, 1, Map("b" -> 2)) == 2, "the retry commits with a new worker")
-    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    check(StateWorker.workerFor(0).get.generation > worker.generation, "a new worker was started")
     p.close()
   }
 
@@ -629,7 +661,7 @@ object ContractSuite {
     val stuck = provider(stuckDir, conf = conf)
     val healthy = provider(newDir(), conf = conf)
     commitVersion(healthy, 0, Map("warm" -> 1)) // the worker is up
-    val worker = StateWorker.currentWorker.get
+    val worker = StateWorker.workerFor(0).get
     val pool = Executors.newSingleThreadExecutor()
     val inFlight = pool.submit(new Callable[Long] { override def call(): Long = commitVersion(stuck, 0, Map("a" -> 1)) })
     Thread.sleep(300)
@@ -641,7 +673,7 @@ object ContractSuite {
     val text = messages(e)
     check(text.contains("did not return within 2500 ms") && text.contains("stuck-store") &&
       text.contains(s"pid ${worker.pid}") && text.contains(worker.logFile.getPath), s"unclear timeout: $text")
-    check(StateWorker.currentWorker.get eq worker, "the worker must not be replaced for one stuck call")
+    check(StateWorker.workerFor(0).get eq worker, "the worker must not be replaced for one stuck call")
     check(commitVersion(healthy, 2, Map("more" -> 3)) == 3, "the healthy store still commits")
     // The retried task opens the store afresh and does not queue behind the stuck call.
     val retryStarted = System.nanoTime()
@@ -657,12 +689,12 @@ object ContractSuite {
     val severed = provider(severedDir)
     val healthy = provider(newDir())
     commitVersion(healthy, 0, Map("warm" -> 1)) // the worker is up
-    val worker = StateWorker.currentWorker.get
+    val worker = StateWorker.workerFor(0).get
     val e = expectThrows[Throwable]("the severed commit")(commitVersion(severed, 0, Map("a" -> 1)))
     val text = messages(e)
     check(text.contains("failed in transport") && text.contains("still answers") && text.contains("severed-store") &&
       text.contains(s"pid ${worker.pid}") && text.contains(worker.logFile.getPath), s"unclear transport error: $text")
-    check(StateWorker.currentWorker.get eq worker, "the worker must not be replaced for one transport error")
+    check(StateWorker.workerFor(0).get eq worker, "the worker must not be replaced for one transport error")
     check(commitVersion(healthy, 1, Map("other" -> 2)) == 2, "another store still commits")
     check(commitVersion(severed, 0, Map("a" -> 1)) == 1, "the retry of the severed store commits")
     check(contents(severed.getStore(1)) == Map(("a", 0) -> 1), "the retried version")
@@ -672,7 +704,7 @@ object ContractSuite {
   scenario("a_worker_of_another_release_is_refused") {
     val foreign = sys.env.getOrElse("PYSTATESTORE_TEST_FOREIGN_PYTHONPATH", "")
     check(foreign.nonEmpty, "tests/test_contract.py must set PYSTATESTORE_TEST_FOREIGN_PYTHONPATH")
-    StateWorker.currentWorker.foreach(_.process.destroyForcibly().waitFor())
+    StateWorker.currentWorkers.foreach(_.process.destroyForcibly().waitFor())
     val p = provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.pythonPath" -> foreign))
     val s = p.getStore(0)
     s.put(key("a"), value(1))
@@ -729,13 +761,13 @@ object ContractSuite {
     commitVersion(p, 0, (1 to 200).map(i => s"k$i" -> i).toMap)
     val s = p.getStore(1)
     check(intOf(s.get(key("k7"))).contains(7), "read before the kill")
-    val worker = StateWorker.currentWorker.get
+    val worker = StateWorker.workerFor(0).get
     worker.process.destroyForcibly().waitFor()
     check(intOf(s.get(key("k8"))).contains(8), "a read after the worker died")
     check(contents(s).size == 200, "iteration after the worker died")
     s.put(key("new"), value(1)); s.remove(key("k1"))
     check(s.commit() == 2, "the commit after the worker died goes to a new worker")
-    check(StateWorker.currentWorker.get.generation > worker.generation, "a new worker was started")
+    check(StateWorker.workerFor(0).get.generation > worker.generation, "a new worker was started")
     val got = contents(provider(dir).getStore(2))
     check(got.size == 200 && got.get(("new", 0)).contains(1) && !got.contains(("k1", 0)), s"version 2: ${got.size} keys")
     p.close()

@@ -150,7 +150,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       "valueSchema" -> JString(valueSchema.json),
       "minVersionsToRetain" -> JInt(storeConf.minVersionsToRetain),
       "minDeltasForSnapshot" -> JInt(storeConf.minDeltasForSnapshot),
-      "localDir" -> JString(StateWorker.localStateDir.getAbsolutePath),
       "viewsDir" -> JString(StateWorker.viewsDir.getAbsolutePath),
       "hostDir" -> JString(StateWorker.hostDir.getAbsolutePath),
       "keyEncoding" -> JString(keyCodec.name),
@@ -237,7 +236,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
     rejectCheckpointIds(endVersionStateStoreCkptId)
     colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
-    val worker = StateWorker.acquire(launchSpec)
+    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
     try {
       callWorker(worker, s"change feed of $describeStore, versions $startVersion to $endVersion") { (svc, h) =>
@@ -295,7 +294,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     stores.foreach(_.releaseResources())
     cached.foreach(_.release())
     if (counted) { counted = false; RocksViews.providerClosed() }
-    StateWorker.currentWorker.filter(w => w.isUsable && w.generation == openedInGeneration)
+    StateWorker.workerFor(storeIdValue.partitionId).filter(w => w.isUsable && w.generation == openedInGeneration)
       .foreach { w =>
         try StateWorker.call(w, s"close of $describeStore", launchSpec)(_.closeStore(handle))
         catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
@@ -353,14 +352,14 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
 
   private def loadFromWorker(version: Long): LoadedVersion = {
     val started = System.nanoTime()
-    val worker = StateWorker.acquire(launchSpec)
+    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"load-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$version-${UUID.randomUUID()}")
     try {
       val reply = callWorker(worker, s"load of $describeStore version $version") { (svc, h) =>
         svc.load(h, version, file.getAbsolutePath, if (usesViews) viewDir.getAbsolutePath else "")
       }
-      RocksViews.noteWorkerRss(longField(reply, "workerRssBytes"))
+      RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = if (usesViews) {
         new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
           keyCodec, numValueFields, describeStore)
@@ -396,7 +395,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         s"from ($describeStore); write the checkpoint with ${WorkerLaunchSpec.ConfPrefix}backend=rocksdb")
     }
     val started = System.nanoTime()
-    val worker = StateWorker.acquire(launchSpec)
+    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
     try {
       val reply = callWorker(worker, s"replay of $describeStore version $endVersion from snapshot $snapshotVersion") {
@@ -428,7 +427,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     var numKeys = base.numKeys
     var changedRows = 0L
     var lookedUp = 0L
-    val worker = StateWorker.acquire(launchSpec)
+    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$newVersion-${UUID.randomUUID()}")
     try {
@@ -481,7 +480,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           StateWorker.deleteRecursively(viewDir)
           throw e
       }
-      RocksViews.noteWorkerRss(longField(reply, "workerRssBytes"))
+      RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = heapBase match {
         case Some(heap) =>
           val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
@@ -535,7 +534,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   }
 
   private def callWorker(what: String)(f: (PythonStateService, String) => String): JValue =
-    callWorker(StateWorker.acquire(launchSpec), what)(f)
+    callWorker(StateWorker.acquire(launchSpec, storeIdValue.partitionId), what)(f)
 
   /**
    * Opens the store in this worker generation if needed, then makes the call. After a call timed
@@ -547,11 +546,13 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       f: (PythonStateService, String) => String): JValue = {
     val h = synchronized {
       if (openedInGeneration != worker.generation || abandonedHandle.isDefined) {
+        // The local database goes in the directory of the worker that serves this partition.
+        val local = JObject("localDir" -> JString(worker.localStateDir.getAbsolutePath))
         val desc = abandonedHandle match {
           case Some(old) if openedInGeneration == worker.generation =>
             storeDescription = describeForWorker()
-            compact(render(JsonMethods.parse(storeDescription).merge(JObject("replacesHandle" -> JString(old)))))
-          case _ => storeDescription
+            compact(render(JsonMethods.parse(storeDescription).merge(local).merge(JObject("replacesHandle" -> JString(old)))))
+          case _ => compact(render(JsonMethods.parse(storeDescription).merge(local)))
         }
         val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
         val readPath = stringField(reply, "readPath")

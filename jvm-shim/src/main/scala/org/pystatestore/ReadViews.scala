@@ -5,6 +5,7 @@ import java.nio.ByteBuffer
 import java.util.concurrent.atomic.AtomicLong
 import java.util.concurrent.locks.ReentrantReadWriteLock
 
+import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import org.rocksdb.{BlockBasedTableConfig, BloomFilter, LRUCache, Options, ReadOptions, RocksDB, RocksDBException, RocksIterator}
@@ -124,7 +125,8 @@ object RocksViews extends Logging {
   private val openViews = new AtomicLong()
   /** Providers open in this JVM: shared memory is reported per store as its share. */
   private val openProviders = new AtomicLong()
-  @volatile private var workerRss = 0L
+  /** Resident memory of each worker slot, as of its last reply. */
+  private val workerRss = new java.util.concurrent.ConcurrentHashMap[Int, Long]()
 
   def configure(blockCacheMB: Long): Unit = synchronized {
     if (options == null) {
@@ -164,7 +166,7 @@ object RocksViews extends Logging {
 
   def blockCacheUsage: Long = synchronized { if (cache == null) 0L else cache.getUsage }
 
-  def noteWorkerRss(bytes: Long): Unit = if (bytes > 0) workerRss = bytes
+  def noteWorkerRss(slot: Int, bytes: Long): Unit = if (bytes > 0) workerRss.put(slot, bytes)
 
   def providerOpened(): Unit = openProviders.incrementAndGet()
   def providerClosed(): Unit = openProviders.decrementAndGet()
@@ -175,8 +177,8 @@ object RocksViews extends Logging {
   /** One store's share of the JVM block cache in use. */
   def blockCacheShare: Long = share(blockCacheUsage)
 
-  /** One store's share of the Python worker's resident memory (as of its last reply). */
-  def workerRssShare: Long = share(workerRss)
+  /** One store's share of the Python workers' resident memory (as of their last replies). */
+  def workerRssShare: Long = share(workerRss.values().asScala.sum)
 
   def version: String = try RocksDB.rocksdbVersion().toString catch { case NonFatal(_) => "unknown" }
 }

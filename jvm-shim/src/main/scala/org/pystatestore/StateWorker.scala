@@ -39,12 +39,15 @@ case class WorkerLaunchSpec(
     pythonPath: Option[String],
     startTimeoutMs: Long,
     callTimeoutMs: Long = WorkerLaunchSpec.DefaultCallTimeoutMs,
-    probeIntervalMs: Long = WorkerLaunchSpec.DefaultProbeIntervalMs)
+    probeIntervalMs: Long = WorkerLaunchSpec.DefaultProbeIntervalMs,
+    workers: Int = 1)
 
 object WorkerLaunchSpec {
   val ConfPrefix = "spark.sql.streaming.stateStore.pystatestore."
   val DefaultCallTimeoutMs: Long = 30L * 60 * 1000
   val DefaultProbeIntervalMs: Long = 30L * 1000
+  /** A worker costs about 80 MiB at rest; past this, extra task slots share workers. */
+  val MaxDefaultWorkers = 4
 
   /** Interpreter: provider conf, else spark.pyspark.python, else PYSPARK_PYTHON, else python3. */
   def resolve(providerConfs: Map[String, String]): WorkerLaunchSpec = {
@@ -58,7 +61,42 @@ object WorkerLaunchSpec {
       providerConfs.get(ConfPrefix + "pythonPath").filter(_.nonEmpty),
       positiveMs(providerConfs, "workerStartTimeoutMs", 60000L),
       positiveMs(providerConfs, "callTimeoutMs", DefaultCallTimeoutMs),
-      positiveMs(providerConfs, "workerProbeIntervalMs", DefaultProbeIntervalMs))
+      positiveMs(providerConfs, "workerProbeIntervalMs", DefaultProbeIntervalMs),
+      workerCount(providerConfs))
+  }
+
+  /**
+   * Workers per JVM: the conf, else one per task slot (at most the cores, at most
+   * MaxDefaultWorkers). rocksdict holds the GIL through its fsyncs, so two tasks committing in one
+   * worker wait for each other; in two workers they commit side by side.
+   */
+  private def workerCount(confs: Map[String, String]): Int = confs.get(ConfPrefix + "workers") match {
+    case Some(v) => scala.util.Try(v.trim.toInt).toOption.filter(n => n >= 1 && n <= 64).getOrElse {
+      throw new IllegalArgumentException(
+        s"${ConfPrefix}workers=$v is not a number of Python workers per JVM from 1 to 64; fix or unset it")
+    }
+    case None =>
+      val cores = Runtime.getRuntime.availableProcessors()
+      math.max(1, Seq(taskSlots.getOrElse(cores), cores, MaxDefaultWorkers).min)
+  }
+
+  /** Tasks this JVM runs at once, where Spark's conf says: local[N] on the driver, executor cores. */
+  private def taskSlots: Option[Int] = Option(SparkEnv.get).flatMap { env =>
+    val conf = env.conf
+    val cpusPerTask = math.max(1, conf.getInt("spark.task.cpus", 1))
+    val cores = if (env.executorId == "driver") {
+      conf.getOption("spark.master").flatMap(localThreads)
+    } else conf.getOption("spark.executor.cores").flatMap(c => scala.util.Try(c.trim.toInt).toOption)
+    cores.map(c => math.max(1, c / cpusPerTask))
+  }
+
+  private val LocalMaster = "^local(?:\\[(\\d+|\\*)(?:,\\s*\\d+)?\\])?$".r
+
+  private def localThreads(master: String): Option[Int] = master.trim match {
+    case LocalMaster(null) => Some(1)
+    case LocalMaster("*") => Some(Runtime.getRuntime.availableProcessors())
+    case LocalMaster(n) => Some(n.toInt)
+    case _ => None // a cluster master: the driver runs no tasks
   }
 
   private def positiveMs(confs: Map[String, String], name: String, default: Long): Long =
@@ -77,6 +115,7 @@ object WorkerLaunchSpec {
  */
 final class RunningWorker private[pystatestore] (
     val generation: Int,
+    val slot: Int,
     val process: Process,
     val logFile: File,
     val exchangeDir: File,
@@ -95,7 +134,11 @@ final class RunningWorker private[pystatestore] (
 
   def isUsable: Boolean = !markedDead && process.isAlive
 
-  def describe: String = s"pystatestore state worker (pid $pid, generation $generation)"
+  def describe: String = s"pystatestore state worker (pid $pid, slot $slot, generation $generation)"
+
+  /** Scratch space for this worker's backends (RocksDB instances): nobody else's, so a dead
+   * worker's can be deleted whole. */
+  def localStateDir: File = StateWorker.localStateDir(slot)
 
   def markDead(): Unit = {
     markedDead = true
@@ -137,13 +180,15 @@ final class WorkerRegistration(token: String) {
 }
 
 /**
- * The per-JVM Python state worker (DESIGN §2): started lazily by the first store that needs it,
- * shared by every provider in this JVM, restarted on the next call after it dies.
+ * The per-JVM pool of Python state workers (DESIGN §2): each started lazily by the first store that
+ * needs it, shared by every provider in this JVM, restarted on the next call after it dies. A store
+ * always goes to the same worker (by partition), where its local database lives.
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
   val ProtocolVersion = 6
-  private var current: RunningWorker = _
+  /** Sized by the first store to acquire a worker (as the interpreter is); slots start empty. */
+  private var pool: Array[RunningWorker] = _
   private var generations = 0
   private var anyDiedAbnormally = false
   private implicit val formats: Formats = DefaultFormats
@@ -160,9 +205,9 @@ object StateWorker extends Logging {
 
   sys.addShutdownHook {
     synchronized {
-      if (current != null) {
-        current.shutdown()
-        anyDiedAbnormally ||= current.diedAbnormally
+      Option(pool).toSeq.flatten.filter(_ != null).foreach { w =>
+        w.shutdown()
+        anyDiedAbnormally ||= w.diedAbnormally
       }
       // Logs of a worker that died are kept for diagnosis; otherwise nothing of ours stays behind.
       if (chosenRoot != null) {
@@ -172,26 +217,42 @@ object StateWorker extends Logging {
     }
   }
 
-  /** Returns a live worker, starting one if there is none or the last one died. */
-  def acquire(spec: WorkerLaunchSpec): RunningWorker = synchronized {
+  private def poolFor(spec: WorkerLaunchSpec): Array[RunningWorker] = {
+    if (pool == null) pool = new Array[RunningWorker](spec.workers)
+    else if (spec.workers != pool.length) {
+      logDebug(s"pystatestore: ${pool.length} workers were started by the first store; ignoring workers=${spec.workers}")
+    }
+    pool
+  }
+
+  /** Returns the live worker of a partition's slot, starting one if there is none or it died. */
+  def acquire(spec: WorkerLaunchSpec, partitionId: Int): RunningWorker = synchronized {
+    val workers = poolFor(spec)
+    val slot = Math.floorMod(partitionId, workers.length)
+    val current = workers(slot)
     if (current == null || !current.isUsable) {
       if (current != null) {
         if (!current.process.isAlive) current.diedAbnormally = true
         anyDiedAbnormally ||= current.diedAbnormally
         logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
         current.shutdown()
-        // Its local databases are nobody's now (one worker per JVM; views are the JVM's and live
-        // elsewhere): only its log is worth keeping.
-        Option(localStateDir.listFiles()).foreach(_.foreach(deleteRecursively))
+        // Its local databases are nobody's now (views are the JVM's and live elsewhere): only its
+        // log is worth keeping.
+        deleteRecursively(current.localStateDir)
         deleteRecursively(current.exchangeDir)
       }
-      current = start(spec)
+      workers(slot) = start(spec, slot)
     }
-    current
+    workers(slot)
   }
 
-  /** For tests and the fault suite: the worker in use now, if any. */
-  def currentWorker: Option[RunningWorker] = synchronized { Option(current) }
+  /** For tests and the fault suite: the workers started and not replaced yet. */
+  def currentWorkers: Seq[RunningWorker] = synchronized { Option(pool).toSeq.flatten.filter(_ != null) }
+
+  /** The worker of a partition's slot now, if one was started; never starts one. */
+  def workerFor(partitionId: Int): Option[RunningWorker] = synchronized {
+    Option(pool).flatMap(p => Option(p(Math.floorMod(partitionId, p.length))))
+  }
 
   private def died(worker: RunningWorker, state: String, what: String, cause: Throwable) =
     new StateWorkerDiedException(
@@ -273,9 +334,9 @@ object StateWorker extends Logging {
     bytes.map("%02x".format(_)).mkString
   }
 
-  /** Scratch space for backends' local working files (RocksDB instances), per JVM. */
-  def localStateDir: File = {
-    val dir = new File(workRoot(), "stores")
+  /** Scratch space for one worker slot's local working files (RocksDB instances). */
+  private[pystatestore] def localStateDir(slot: Int): File = {
+    val dir = new File(new File(workRoot(), "stores"), s"w$slot")
     dir.mkdirs()
     dir
   }
@@ -346,7 +407,7 @@ object StateWorker extends Logging {
     f.delete()
   }
 
-  private def start(spec: WorkerLaunchSpec): RunningWorker = {
+  private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
     generations += 1
     val root = workRoot()
     val exchangeDir = Files.createTempDirectory(root.toPath, s"xfer-$generations-").toFile
@@ -424,7 +485,7 @@ object StateWorker extends Logging {
           s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath.",
         null)
     }
-    val worker = new RunningWorker(generations, process, logFile, exchangeDir, server, service.get)
+    val worker = new RunningWorker(generations, slot, process, logFile, exchangeDir, server, service.get)
     checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at $logFile")
     worker
