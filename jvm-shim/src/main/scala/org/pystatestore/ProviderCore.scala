@@ -548,12 +548,13 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       if (openedInGeneration != worker.generation || abandonedHandle.isDefined) {
         // The local database goes in the directory of the worker that serves this partition.
         val local = JObject("localDir" -> JString(worker.localStateDir.getAbsolutePath))
-        val desc = abandonedHandle match {
+        val replaces = abandonedHandle match {
           case Some(old) if openedInGeneration == worker.generation =>
             storeDescription = describeForWorker()
-            compact(render(JsonMethods.parse(storeDescription).merge(local).merge(JObject("replacesHandle" -> JString(old)))))
-          case _ => compact(render(JsonMethods.parse(storeDescription).merge(local)))
+            JObject("replacesHandle" -> JString(old))
+          case _ => JObject()
         }
+        val desc = compact(render(JsonMethods.parse(storeDescription).merge(local).merge(replaces)))
         val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
         val readPath = stringField(reply, "readPath")
         if (readPath != (if (usesViews) "view" else "frame")) {
