@@ -205,6 +205,8 @@ def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
     result = cold.load(3)
     assert result.metrics["restoreChangelogVersions"] == 1, result.metrics
     assert result.metrics["restoreRemoteFiles"] == (0 if inline else 1), result.metrics  # the state segment
+    assert result.metrics["restoreInlineSnapshots"] == (1 if inline else 0), result.metrics
+    assert result.source == "remote"  # from the checkpoint's snapshot, even when it sits inside a manifest
     assert state_of(cold, 3) == state
     replayed = make_backend("rocksdb", store_dir, tmp_path / "replay", options={"localRecovery": "false"})
     replayed.replay(2, 3)

@@ -85,7 +85,8 @@ class LoadResult:
     frame: pa.Buffer | None  # Arrow IPC stream (key, value) of the whole version; None for view backends
     num_keys: int
     bytes_read: int  # from checkpoint storage; 0 when served from memory or a local copy
-    source: str  # "memory", "remote", "local-copy" or "local-copy+remote"
+    # "memory", "remote" (from a snapshot), "changelog" (changes replayed only), "local-copy", "local-copy+remote"
+    source: str
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
     manifest_id: str = ""  # which attempt's manifest this is ("" for version 0)
 

@@ -154,6 +154,7 @@ class _Restore:
     remote: TransferStats = TransferStats(0, 0)
     replayed: int = 0
     replayed_bytes: int = 0
+    inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
 
 
 class RocksDBBackend(StateBackend):
@@ -339,6 +340,7 @@ class RocksDBBackend(StateBackend):
             restoreRemoteBytes=restore.remote.bytes,
             restoreChangelogVersions=restore.replayed,
             restoreChangelogBytes=restore.replayed_bytes,
+            restoreInlineSnapshots=restore.inline_snapshots,
             restoreMs=_ms(started),
         )
         return target, restore.metrics
@@ -376,7 +378,9 @@ class RocksDBBackend(StateBackend):
             )
         self._set_db_version(snapshot.version, snapshot)
         self._ancestor = None  # the local DB's files descend from no uploaded snapshot
-        if not snapshot.changes.ref.inline:
+        if snapshot.changes.ref.inline:
+            restore.inline_snapshots += 1
+        else:
             restore.remote = TransferStats(restore.remote.files + 1, restore.remote.bytes + snapshot.changes.ref.size)
 
     def _compact_snapshot_of(self, checkpoint_dir: Path, m: Manifest, token: str) -> tuple[Manifest, list[FileRef]]:
@@ -554,8 +558,8 @@ class RocksDBBackend(StateBackend):
             source = "memory"
         elif cost["restoreRemoteFiles"] == 0 and cost["restoreLocalFiles"] > 0:
             source = "local-copy"
-        elif cost["restoreLocalFiles"] == 0 and cost["restoreRemoteFiles"] == 0:
-            source = "changelog"
+        elif cost["restoreLocalFiles"] == cost["restoreRemoteFiles"] == cost.get("restoreInlineSnapshots", 0) == 0:
+            source = "changelog"  # changes replayed onto the local DB, or onto version 0
         else:
             source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
         return LoadResult(
@@ -594,6 +598,7 @@ class RocksDBBackend(StateBackend):
             "restoreRemoteBytes": restore.remote.bytes,
             "restoreChangelogVersions": restore.replayed,
             "restoreChangelogBytes": restore.replayed_bytes,
+            "restoreInlineSnapshots": restore.inline_snapshots,
             "restoreMs": _ms(started),
         }
         return self._leave_view(target, cost)
