@@ -109,11 +109,14 @@ class RssSampler(threading.Thread):
     """Peak RSS of the JVMs started by `parent` (a child process) and all their descendants, and
     how that peak split between the JVM, pystatestore's worker and other processes."""
 
-    def __init__(self, parent: int, interval: float = 0.1) -> None:
+    def __init__(self, parent: int, restart_marker: Path, interval: float = 0.1) -> None:
         super().__init__(daemon=True)
-        self.parent, self.interval = parent, interval
+        self.parent, self.restart_marker, self.interval = parent, restart_marker, interval
         self.peak = 0
         self.peak_split: dict[str, int] = {}
+        # The peak of each phase: the growing batches, and the restart (which restores all state).
+        self.phase_peaks = {"growth": 0, "restart": 0}
+        self.phase_splits: dict[str, dict[str, int]] = {"growth": {}, "restart": {}}
         self.stop_event = threading.Event()
 
     def run(self) -> None:
@@ -130,6 +133,9 @@ class RssSampler(threading.Thread):
                         continue
                     split[kind] = split.get(kind, 0) + rss_bytes(p)
             total = sum(split.values())
+            phase = "restart" if self.restart_marker.exists() else "growth"
+            if total > self.phase_peaks[phase]:
+                self.phase_peaks[phase], self.phase_splits[phase] = total, split
             if total > self.peak:
                 self.peak, self.peak_split = total, split
             self.stop_event.wait(self.interval)
@@ -213,6 +219,7 @@ def child(args: argparse.Namespace) -> None:
     if "error" not in result:
         try:
             restarted: list[dict] = []
+            Path(args.restart_marker).touch()  # the parent's sampler counts what follows as the restart
             write_restart_input(input_dir, args.keys_per_batch, args.batches)
             run(restarted)
             result["restart_ms"] = restarted[0]["durationMs"]["triggerExecution"]
@@ -230,6 +237,8 @@ def child(args: argparse.Namespace) -> None:
 # -- the run ------------------------------------------------------------------------------------
 def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
+    restart_marker = work / f"restarting-{name}"
+    restart_marker.unlink(missing_ok=True)
     shutil.rmtree(input_dir, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)  # every run starts from nothing
     write_growth_inputs(input_dir, args.keys_per_batch, args.batches)
@@ -242,6 +251,8 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         str(input_dir),
         "--checkpoint",
         str(checkpoint),
+        "--restart-marker",
+        str(restart_marker),
         "--keys-per-batch",
         str(args.keys_per_batch),
         "--batches",
@@ -255,7 +266,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     ]
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = RssSampler(proc.pid)
+    sampler = RssSampler(proc.pid, restart_marker)
     sampler.start()
     timed_out = False
     try:
@@ -281,6 +292,8 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         result["error"] = f"child exited {proc.returncode}: {tail}"
     result["peak_rss"] = sampler.peak
     result["peak_split"] = sampler.peak_split
+    result["phase_peaks"] = sampler.phase_peaks
+    result["phase_splits"] = sampler.phase_splits
     result["wall_s"] = time.time() - started
     shutil.rmtree(input_dir, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
@@ -298,6 +311,11 @@ def median_run(runs: list[dict]) -> dict:
     merged["runs"] = len(runs)
     merged["peak_rss"] = int(statistics.median(r["peak_rss"] for r in runs))
     merged["peak_split"] = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"])).get("peak_split", {})
+    merged["phase_peaks"] = {
+        phase: int(statistics.median(r.get("phase_peaks", {}).get(phase, 0) for r in runs))
+        for phase in ("growth", "restart")
+    }
+    merged["phase_splits"] = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"])).get("phase_splits", {})
     medians = [statistics.median(r["batch_ms"]) for r in done if r.get("batch_ms")]
     if medians:
         merged["batch_ms"] = [statistics.median(medians)]  # the median of the runs' median batch
@@ -342,6 +360,14 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
         if split:
             parts = ", ".join(f"{kind} {size / 2**20:,.0f}" for kind, size in sorted(split.items()))
             lines.append(f"  {r['provider']} at peak RSS (MiB): {parts}")
+        phases, phase_splits = r.get("phase_peaks") or {}, r.get("phase_splits") or {}
+        for phase, described in (("growth", "growing batches"), ("restart", "restart")):
+            if phases.get(phase):
+                parts = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in sorted(phase_splits.get(phase, {}).items()))
+                lines.append(
+                    f"  {r['provider']} peak RSS in the {described} (MiB): {phases[phase] / 2**20:,.0f}"
+                    + (f" ({parts})" if parts else "")
+                )
         if r.get("error"):
             lines.append(f"  {r['provider']} failed after {len(batches)} batches: {r['error'][:300]}")
     base = next((r for r in results if r["provider"] == BASELINE), None)
@@ -378,6 +404,7 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--restart-marker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
