@@ -1,4 +1,5 @@
-"""The Py4J control plane listens on loopback only and requires its token (DESIGN §2)."""
+"""The state workers of a real query: their Py4J control plane listens on loopback only and requires
+its token (DESIGN §2), and they carry nothing they do not need."""
 
 from __future__ import annotations
 
@@ -100,3 +101,12 @@ def test_token_is_not_in_the_worker_environment(worker: tuple) -> None:
     assert not [v for v in env.values() if re.fullmatch(rb"[0-9a-f]{64}", v)], (
         "a 256-bit hex secret is in the environment"
     )
+
+
+def test_worker_never_loads_pandas(worker: tuple) -> None:
+    """pyarrow imports pandas on a worker's first array conversion unless the worker keeps it out:
+    ~35 MiB of resident memory per worker, for nothing (the commits and restores above ran)."""
+    _, w = worker
+    maps = Path(f"/proc/{w.pid()}/maps").read_text()
+    loaded = sorted({line.split()[-1] for line in maps.splitlines() if "/pandas/" in line})
+    assert not loaded, loaded
