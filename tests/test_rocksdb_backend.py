@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from backend_support import MODES, changes, commit, make_backend, state_of
 from pystatestore import changelog, frames
 from pystatestore.backends import StateBackend
+from pystatestore.backends import rocksdb as rocksdb_backend
 from pystatestore.backends.rocksdb import _newest_change_per_key
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.manifest import snapshot_of
@@ -448,7 +449,18 @@ def test_merged_replay_keeps_each_keys_newest_change(versions: list[dict[bytes, 
     assert {r["key"]: (r["value"] if r["op"] == frames.OP_PUT else None) for r in rows} == one_by_one
 
 
-def test_a_restore_replays_a_chain_of_overlapping_changes_as_one_ingest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("merge_bytes", "files_per_ingest", "ingests_expected"),
+    [(256 << 10, 8, 1), (0, 8, 1), (0, 3, 2)],
+    ids=["merged", "an-sst-per-version", "two-ingests"],
+)
+def test_a_restore_replays_a_chain_of_overlapping_changes_in_few_ingests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, merge_bytes: int, files_per_ingest: int, ingests_expected: int
+) -> None:
+    """Small versions are merged into one SST; larger ones get an SST each, and the SSTs of one
+    ingest overlap: the later version's puts and deletes must win."""
+    monkeypatch.setattr(rocksdb_backend, "REPLAY_MERGE_BYTES", merge_bytes)
+    monkeypatch.setattr(rocksdb_backend, "REPLAY_INGEST_FILES", files_per_ingest)
     store = tmp_path / "store"
     writer = make_backend("rocksdb", store, tmp_path / "w", mode="changelog", options={"localRecovery": "false"})
     steps: list[tuple[dict[bytes, bytes], list[bytes]]] = [
@@ -463,7 +475,7 @@ def test_a_restore_replays_a_chain_of_overlapping_changes_as_one_ingest(tmp_path
     reader = make_backend("rocksdb", store, tmp_path / "r", options={"localRecovery": "false"})
     reader.fault_hook = lambda point: ingests.append(point) if point == "restore:replayed" else None
     result = reader.load(4)
-    assert result.metrics["restoreChangelogVersions"] == 4 and ingests == ["restore:replayed"], (
+    assert result.metrics["restoreChangelogVersions"] == 4 and ingests == ["restore:replayed"] * ingests_expected, (
         result.metrics,
         ingests,
     )

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,11 @@ METADATA_BLOCK_BYTES = 4096  # index and filter partitions
 # anew with the current state only: kept small so it can be stored inside our manifests.
 MAX_ROCKSDB_MANIFEST_BYTES = 64 << 10
 APPLY_CHUNK_ROWS = 16384
-# Replay merges consecutive versions' changes into one SST while their segments add up to this.
-REPLAY_MERGE_BYTES = 4 << 20
+# Replay merges consecutive versions' changes into one SST while their segments add up to this:
+# merging holds the versions whole, about 12 bytes of memory per byte of segment.
+REPLAY_MERGE_BYTES = 256 << 10
+# Replayed versions' SSTs go into the local DB in ingests of at most this many files.
+REPLAY_INGEST_FILES = 8
 # The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
 # restores touch: small, shared by every store in the worker.
 WORKER_BLOCK_CACHE_BYTES = 8 << 20
@@ -451,37 +454,59 @@ class RocksDBBackend(StateBackend):
 
     def _replay(self, chain: list[Manifest], restore: _Restore) -> None:
         """Applies the changes of `chain` (oldest first) to the local DB, which holds the version
-        before the first. Consecutive versions whose segments add up to at most REPLAY_MERGE_BYTES
-        are merged (the newest change of each key wins) and ingested as one SST: an ingest costs
-        its fsyncs whatever its size, and a restart restores every partition. On failure the local
-        DB is dropped: it matches no version."""
-        group: list[Manifest] = []
-        group_bytes = 0
+        before the first. An ingest costs its fsyncs whatever its size, and a restart restores every
+        partition, so replayed versions are ingested together: up to REPLAY_INGEST_FILES SSTs in one
+        call (where files overlap, a later one's entries win). Each SST holds one version's changes,
+        streamed chunk by chunk from its segment, or the merged changes of consecutive small
+        versions (segments adding up to at most REPLAY_MERGE_BYTES; newest change per key), since
+        merging holds them whole. On failure the local DB is dropped: it matches no version."""
+        units: list[list[Manifest]] = []  # the versions of each SST to write
+        unit_bytes = 0
         for m in chain:
             assert m.changes is not None
-            if group and group_bytes + m.changes.ref.size > REPLAY_MERGE_BYTES:
-                self._replay_group(group, restore)
-                group, group_bytes = [], 0
-            group.append(m)
-            group_bytes += m.changes.ref.size
-        if group:
-            self._replay_group(group, restore)
+            size = m.changes.ref.size
+            if units and unit_bytes + size <= REPLAY_MERGE_BYTES:
+                units[-1].append(m)
+                unit_bytes += size
+            else:
+                units.append([m])
+                unit_bytes = size
+        for first in range(0, len(units), REPLAY_INGEST_FILES):
+            self._replay_units(units[first : first + REPLAY_INGEST_FILES], restore)
 
-    def _replay_group(self, group: list[Manifest], restore: _Restore) -> None:
-        if len(group) == 1:
-            m = group[0]
-            described = f"the changes of version {m.version}"
-            self._apply_segment(m, described, self._changes_where(m), fault_point="restore:replayed")
-        else:
-            self._ingest_or_drop(
-                lambda: frames.change_batches(
-                    _newest_change_per_key([self._segment_table(m) for m in group]), APPLY_CHUNK_ROWS
-                ),
-                group[-1].version,
-                fault_point="restore:replayed",
+    def _replay_units(self, units: list[list[Manifest]], restore: _Restore) -> None:
+        files: list[Path] = []
+        try:
+            for unit in units:
+                change_file = self._write_change_file(self._unit_batches(unit), unit[-1].version)
+                if change_file is not None:
+                    files.append(change_file)
+            self._fault_point("restore:replayed")
+            if files:
+                self._ingest(*files)
+        except BaseException:
+            self._drop_db()
+            raise
+        finally:
+            for f in files:
+                f.unlink(missing_ok=True)  # ingested files were moved into the DB
+        for unit in units:
+            restore.replayed += len(unit)
+            restore.replayed_bytes += sum(m.changes.ref.size for m in unit if m.changes)
+
+    def _unit_batches(self, unit: list[Manifest]) -> Iterator[pa.RecordBatch]:
+        """The changes of one replayed SST, in key order: one version's segment as it is read, or
+        consecutive versions merged."""
+        if len(unit) > 1:
+            yield from frames.change_batches(
+                _newest_change_per_key([self._segment_table(m) for m in unit]), APPLY_CHUNK_ROWS
             )
-        restore.replayed += len(group)
-        restore.replayed_bytes += sum(m.changes.ref.size for m in group if m.changes)
+            return
+        m = unit[0]
+        try:
+            yield from changelog.read_segment(self._changes_of(m))
+        except changelog.SegmentFormatError as e:
+            raise self._not_a_segment(m, f"the changes of version {m.version}", self._changes_where(m), e) from None
 
     def _segment_table(self, m: Manifest) -> pa.Table:
         """A changelog version's changes as one table (its segment read whole: replay merges groups
@@ -491,30 +516,22 @@ class RocksDBBackend(StateBackend):
         except changelog.SegmentFormatError as e:
             raise self._not_a_segment(m, f"the changes of version {m.version}", self._changes_where(m), e) from None
 
-    def _apply_segment(self, m: Manifest, described: str, where: str, *, fault_point: str | None = None) -> None:
-        """Ingests the segment `m` holds (its changes, or a compact snapshot's state) into the local
-        DB as one SST. On any failure the local DB is dropped: it matches no version."""
+    def _apply_segment(self, m: Manifest, described: str, where: str) -> None:
+        """Ingests the segment `m` holds (a compact snapshot's state) into the local DB as one SST.
+        On any failure the local DB is dropped: it matches no version."""
+        change_file: Path | None = None
         try:
-            self._ingest_or_drop(
-                lambda: changelog.read_segment(self._changes_of(m)), m.version, fault_point=fault_point
-            )
-        except changelog.SegmentFormatError as e:
-            raise self._not_a_segment(m, described, where, e) from None
-
-    def _ingest_or_drop(
-        self, batches: Callable[[], Iterable[pa.RecordBatch]], version: int, *, fault_point: str | None
-    ) -> None:
-        """Writes the `batches()` (in key order; reading them may fail too) as one SST and ingests it
-        into the local DB. On any failure the local DB is dropped: it matches no version."""
-        try:
-            change_file = self._write_change_file(batches(), version)
-            if fault_point is not None:
-                self._fault_point(fault_point)
+            change_file = self._write_change_file(changelog.read_segment(self._changes_of(m)), m.version)
             if change_file is not None:
                 self._ingest(change_file)
-        except BaseException:
+        except BaseException as e:
             self._drop_db()
+            if isinstance(e, changelog.SegmentFormatError):
+                raise self._not_a_segment(m, described, where, e) from None
             raise
+        finally:
+            if change_file is not None:
+                change_file.unlink(missing_ok=True)  # moved into the DB when ingested
 
     @staticmethod
     def _changes_where(m: Manifest) -> str:
@@ -849,11 +866,12 @@ class RocksDBBackend(StateBackend):
         self._fault_point("upload:file")
         return ChangesRef(rows, ref), [ref]
 
-    def _ingest(self, change_file: Path) -> None:
+    def _ingest(self, *change_files: Path) -> None:
+        """Moves the SSTs into the local DB in one ingest; where they overlap, later files win."""
         assert self._db is not None
         ingest = rocksdict.IngestExternalFileOptions()
         ingest.set_move_files(True)
-        self._db.ingest_external_file([str(change_file)], ingest)
+        self._db.ingest_external_file([str(f) for f in change_files], ingest)
 
     def _write_change_file(
         self, batches: Any, version: int, *, also: changelog.SegmentWriter | None = None
