@@ -13,6 +13,10 @@ RSS, and the restart batch time; then ratios to Spark's RocksDB provider.
 
     .venv/bin/python scripts/bench_scale.py [--keys-per-batch 1000000] [--batches 8]
         [--driver-memory 1g] [--partitions 4] [--providers spark-rocksdb,pss-rocksdb] [--out FILE]
+        [--pyspark 4.1|4.2|4.3]
+
+--pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
+scripts/build_jar.py, first on PYTHONPATH), against that minor's own built-in provider.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pystatestore.spark_minors import BUILT_AGAINST
 
 CONF = "spark.sql.streaming.stateStore.pystatestore."
 PROVIDERS = {
@@ -400,6 +406,7 @@ def main() -> None:
     ap.add_argument("--driver-java-options", default="", help="extra JVM options of the driver (diagnostics)")
     ap.add_argument("--conf", action="append", default=[], help="extra Spark conf KEY=VALUE for every provider")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON (for tests)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -409,6 +416,11 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    if args.pyspark:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import build_jar  # scripts/build_jar.py: finds or installs that minor's pyspark
+
+        build_jar.reexec_under_pyspark(args.pyspark)  # the children inherit its PYTHONPATH
     command = "python scripts/bench_scale.py " + " ".join(sys.argv[1:])
     work = Path(tempfile.mkdtemp(prefix="pss-bench-scale-"))
     results = []
