@@ -99,7 +99,9 @@ def commit_mode(request: pytest.FixtureRequest, local_spark: SparkSession) -> It
     local_spark.conf.unset(CONF + "commitMode")
 
 
-def test_damaged_local_copy_is_never_used(local_spark: SparkSession, commit_mode: str, tmp_path: Path) -> None:
+def test_damaged_local_copy_is_never_used(
+    local_spark: SparkSession, local_dir: Path, commit_mode: str, tmp_path: Path
+) -> None:
     recovery = tmp_path / "recovery"
     damaged: list[Path] = []
     totals = restore_totals(
@@ -116,8 +118,17 @@ def test_damaged_local_copy_is_never_used(local_spark: SparkSession, commit_mode
         assert totals["pystatestoreRestoreLocalFiles"] > 0, totals
     else:
         # the SST exists only in local copies (the checkpoint holds changes): the damaged copy is
-        # passed over and the state rebuilt from further back along the chain, by replaying changes
-        assert totals["pystatestoreRestoreChangelogVersions"] > 0, (totals, damaged)
+        # passed over and the state rebuilt from further back along the chain, by replaying changes,
+        # or from a snapshot of version 3 if maintenance made one between the runs (timing)
+        state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+        restores = restores_in_worker_logs(local_dir)
+        from_snapshot = [
+            line
+            for store in state_dir.iterdir()
+            for line in restores.get((str(store), 3), [])
+            if line["source"] == "remote"
+        ]
+        assert totals["pystatestoreRestoreChangelogVersions"] > 0 or from_snapshot, (totals, damaged)
 
 
 def test_unwritable_local_recovery_dir_restores_from_checkpoint(
