@@ -41,14 +41,8 @@ def restore_totals(progresses: list[dict]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """spark.local.dir of the module's session: its state workers log there."""
-    return tmp_path_factory.mktemp("spark-local")
-
-
-@pytest.fixture(scope="module")
-def local_spark(local_dir: Path) -> Iterator[SparkSession]:
-    session = start_session("local[2]", **{"spark.local.dir": str(local_dir)})
+def local_spark() -> Iterator[SparkSession]:
+    session = start_session("local[2]")
     yield session
     session.stop()
 
@@ -99,9 +93,7 @@ def commit_mode(request: pytest.FixtureRequest, local_spark: SparkSession) -> It
     local_spark.conf.unset(CONF + "commitMode")
 
 
-def test_damaged_local_copy_is_never_used(
-    local_spark: SparkSession, local_dir: Path, commit_mode: str, tmp_path: Path
-) -> None:
+def test_damaged_local_copy_is_never_used(local_spark: SparkSession, commit_mode: str, tmp_path: Path) -> None:
     recovery = tmp_path / "recovery"
     damaged: list[Path] = []
     totals = restore_totals(
@@ -121,7 +113,7 @@ def test_damaged_local_copy_is_never_used(
         # passed over and the state rebuilt from further back along the chain, by replaying changes,
         # or from a snapshot of version 3 if maintenance made one between the runs (timing)
         state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
-        restores = restores_in_worker_logs(local_dir)
+        restores = restores_in_worker_logs(this_jvms_worker_logs(local_spark))
         from_snapshot = [
             line
             for store in state_dir.iterdir()
@@ -132,7 +124,7 @@ def test_damaged_local_copy_is_never_used(
 
 
 def test_unwritable_local_recovery_dir_restores_from_checkpoint(
-    local_spark: SparkSession, local_dir: Path, commit_mode: str, tmp_path: Path
+    local_spark: SparkSession, commit_mode: str, tmp_path: Path
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -143,7 +135,7 @@ def test_unwritable_local_recovery_dir_restores_from_checkpoint(
     # (small enough to sit inside its manifest), or the changes since an older one.
     state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
     stores = sorted(str(d) for d in state_dir.iterdir() if d.name.isdigit())
-    restores = restores_in_worker_logs(local_dir)
+    restores = restores_in_worker_logs(this_jvms_worker_logs(local_spark))
     for store in stores:
         lines = restores.get((store, 3))
         assert lines, ("no restore of version 3 was logged", store, sorted(restores))
@@ -177,11 +169,19 @@ RESTORE_LINE = re.compile(
 )
 
 
-def restores_in_worker_logs(local_dir: Path) -> dict[tuple[str, int], list[dict[str, str]]]:
-    """Every restore the state workers of this machine logged: (store path, version) -> its lines.
-    Worker logs sit in spark.local.dir/pystatestore-<executor pid>/ while their JVM runs."""
+def this_jvms_worker_logs(spark: SparkSession) -> list[Path]:
+    """The logs of the driver JVM's state workers (a local master's executor), those of workers they
+    replaced included. The pool outlives a session: earlier tests' sessions may have started it, in
+    their own spark.local.dir."""
+    pool = spark._jvm.org.pystatestore.StateWorker.currentWorkers()  # type: ignore[union-attr]
+    dirs = {Path(pool.apply(i).logFile().getPath()).parent for i in range(pool.size())}
+    return sorted(f for d in dirs for f in d.glob("worker-*.log"))
+
+
+def restores_in_worker_logs(log_files: list[Path]) -> dict[tuple[str, int], list[dict[str, str]]]:
+    """Every restore the state workers logged in `log_files`: (store path, version) -> its lines."""
     found: dict[tuple[str, int], list[dict[str, str]]] = {}
-    for log_file in sorted(local_dir.glob("pystatestore-*/worker-*.log")):
+    for log_file in log_files:
         for line in log_file.read_text(errors="replace").splitlines():
             m = RESTORE_LINE.search(line)
             if m:
@@ -219,7 +219,8 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[tu
         )
         thread.join(10)
         # Read before stop(): a JVM that exits normally removes its workers' directory, logs included.
-        restores = restores_in_worker_logs(local_dir)
+        # Worker logs sit in spark.local.dir/pystatestore-<executor pid>/ while their JVM runs.
+        restores = restores_in_worker_logs(sorted(local_dir.glob("pystatestore-*/worker-*.log")))
     finally:
         spark.stop()
     assert killed, "no executor of this application was killed"
