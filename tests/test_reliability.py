@@ -105,6 +105,25 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> No
     assert (victim_dir / "data").read_text() == "keep"
 
 
+def test_a_listing_skips_a_file_deleted_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GC in another process (maintenance, another attempt) may delete a file between reading its
+    directory and its size: the listing goes on without it rather than failing the caller."""
+    root = tmp_path / "store"
+    (root / "manifests").mkdir(parents=True)
+    for v in (1, 2, 3):
+        (root / "manifests" / f"{v}.json").write_text("{}")
+    real_scandir = os.scandir
+
+    def scandir_then_gc(path: str) -> list[os.DirEntry]:
+        entries = list(real_scandir(path))
+        (root / "manifests" / "2.json").unlink(missing_ok=True)
+        return entries
+
+    monkeypatch.setattr(os, "scandir", scandir_then_gc)
+    listed = RemoteStore(f"file:{root}").list_files("manifests")
+    assert sorted(f.path for f in listed) == ["manifests/1.json", "manifests/3.json"]
+
+
 def test_a_restore_never_reads_through_a_symbolic_link_out_of_the_store(tmp_path: Path) -> None:
     store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
     commit(make_backend("rocksdb", store, tmp_path / "w", mode="snapshot"), 0, changes({b"k": b"1"}), "t")

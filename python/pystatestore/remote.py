@@ -235,7 +235,10 @@ class RemoteStore:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif e.is_file(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # deleted since the directory was read (GC in another process)
                     out.append(RemoteFile(posixpath.relpath(e.path, self.root), st.st_size, st.st_mtime))
         return out
 
