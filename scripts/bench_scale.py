@@ -316,12 +316,13 @@ def median_run(runs: list[dict]) -> dict:
     merged["completed"] = all(r["completed"] for r in runs)
     merged["runs"] = len(runs)
     merged["peak_rss"] = int(statistics.median(r["peak_rss"] for r in runs))
-    merged["peak_split"] = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"])).get("peak_split", {})
+    nearest = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"]))  # the run the splits come from
+    merged["peak_split"] = nearest.get("peak_split", {})
     merged["phase_peaks"] = {
         phase: int(statistics.median(r.get("phase_peaks", {}).get(phase, 0) for r in runs))
         for phase in ("growth", "restart")
     }
-    merged["phase_splits"] = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"])).get("phase_splits", {})
+    merged["phase_splits"] = nearest.get("phase_splits", {})
     medians = [statistics.median(r["batch_ms"]) for r in done if r.get("batch_ms")]
     if medians:
         merged["batch_ms"] = [statistics.median(medians)]  # the median of the runs' median batch

@@ -86,6 +86,11 @@ def compare_with_builtin(
     return progress
 
 
+def our_state_dir(tmp_path: Path) -> Path:
+    """Operator 0's state directory of our run in `compare_with_builtin` (a directory per partition)."""
+    return tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+
+
 @pytest.fixture(params=["snapshot", "changelog"])
 def commit_mode(request: pytest.FixtureRequest, local_spark: SparkSession) -> Iterator[str]:
     local_spark.conf.set(CONF + "commitMode", request.param)
@@ -112,7 +117,7 @@ def test_damaged_local_copy_is_never_used(local_spark: SparkSession, commit_mode
         # the SST exists only in local copies (the checkpoint holds changes): the damaged copy is
         # passed over and the state rebuilt from further back along the chain, by replaying changes,
         # or from a snapshot of version 3 if maintenance made one between the runs (timing)
-        state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+        state_dir = our_state_dir(tmp_path)
         restores = restores_in_worker_logs(this_jvms_worker_logs(local_spark))
         from_snapshot = [
             line
@@ -133,7 +138,7 @@ def test_unwritable_local_recovery_dir_restores_from_checkpoint(
     # The restart rebuilt every store's version 3 from the checkpoint alone. Which part of it depends
     # on timing: the last version's own snapshot, a snapshot maintenance made of it between the runs
     # (small enough to sit inside its manifest), or the changes since an older one.
-    state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+    state_dir = our_state_dir(tmp_path)
     stores = sorted(str(d) for d in state_dir.iterdir() if d.name.isdigit())
     restores = restores_in_worker_logs(this_jvms_worker_logs(local_spark))
     for store in stores:
@@ -194,7 +199,7 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[tu
     -> the first version the other executor wrote), and the restores the workers logged."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     files_per_phase = 4
-    state_dir = tmp_path / "ours" / "ckpt-PythonStateStoreProvider" / "state" / "0"
+    state_dir = our_state_dir(tmp_path)
     local_dir = tmp_path / "spark-local"
     killed: list[int] = []
     # A copy of every version, so that the moved stores (versions 2 and 3) have one to restore from

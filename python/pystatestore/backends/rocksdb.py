@@ -497,37 +497,33 @@ class RocksDBBackend(StateBackend):
     def _unit_batches(self, unit: list[Manifest]) -> Iterator[pa.RecordBatch]:
         """The changes of one replayed SST, in key order: one version's segment as it is read, or
         consecutive versions merged."""
-        if len(unit) > 1:
-            yield from frames.change_batches(
-                _newest_change_per_key([self._segment_table(m) for m in unit]), APPLY_CHUNK_ROWS
-            )
-            return
-        m = unit[0]
+        if len(unit) == 1:
+            return self._segment_batches(unit[0])
+        tables = [pa.Table.from_batches(list(self._segment_batches(m)), frames.CHANGES_SCHEMA) for m in unit]
+        return frames.change_batches(_newest_change_per_key(tables), APPLY_CHUNK_ROWS)
+
+    def _segment_batches(
+        self, m: Manifest, described: str | None = None, where: str | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The segment `m` holds (a version's changes, or a compact snapshot's state), chunk by
+        chunk; a damaged one raises an error naming `described` and `where` it is stored."""
         try:
             yield from changelog.read_segment(self._changes_of(m))
         except changelog.SegmentFormatError as e:
-            raise self._not_a_segment(m, f"the changes of version {m.version}", self._changes_where(m), e) from None
-
-    def _segment_table(self, m: Manifest) -> pa.Table:
-        """A changelog version's changes as one table (its segment read whole: replay merges groups
-        of at most REPLAY_MERGE_BYTES)."""
-        try:
-            return pa.Table.from_batches(list(changelog.read_segment(self._changes_of(m))), frames.CHANGES_SCHEMA)
-        except changelog.SegmentFormatError as e:
-            raise self._not_a_segment(m, f"the changes of version {m.version}", self._changes_where(m), e) from None
+            raise self._not_a_segment(
+                m, described or f"the changes of version {m.version}", where or self._changes_where(m), e
+            ) from None
 
     def _apply_segment(self, m: Manifest, described: str, where: str) -> None:
         """Ingests the segment `m` holds (a compact snapshot's state) into the local DB as one SST.
         On any failure the local DB is dropped: it matches no version."""
         change_file: Path | None = None
         try:
-            change_file = self._write_change_file(changelog.read_segment(self._changes_of(m)), m.version)
+            change_file = self._write_change_file(self._segment_batches(m, described, where), m.version)
             if change_file is not None:
                 self._ingest(change_file)
-        except BaseException as e:
+        except BaseException:
             self._drop_db()
-            if isinstance(e, changelog.SegmentFormatError):
-                raise self._not_a_segment(m, described, where, e) from None
             raise
         finally:
             if change_file is not None:
@@ -661,10 +657,7 @@ class RocksDBBackend(StateBackend):
                     advice="The change feed needs changelog commits: read from a batch committed with "
                     "spark.sql.streaming.stateStore.pystatestore.commitMode=changelog (the default).",
                 )
-            try:
-                yield from ((v, b) for b in changelog.read_segment(self._changes_of(m)))
-            except changelog.SegmentFormatError as e:
-                raise self._not_a_segment(m, f"the changes of version {v}", self._changes_where(m), e) from None
+            yield from ((v, b) for b in self._segment_batches(m))
 
     def _view_target(self, view_dir: str | None, version: int) -> Path:
         """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
