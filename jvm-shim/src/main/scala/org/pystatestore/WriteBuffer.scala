@@ -7,12 +7,13 @@ import org.apache.spark.unsafe.hash.Murmur3_x86_32
 
 /**
  * The uncommitted writes of one version (DESIGN §2 write buffer): an append-only log of records in
- * pages of native memory, with an open-addressing hash index (two arrays) from key to the key's
+ * pages of native memory, with an open-addressing hash index (also native) from key to the key's
  * newest record. A micro-batch of a million writes is a few dozen native pages, not millions of
  * Java objects, and no call crosses JNI (RocksDB's WriteBatchWithIndex cost ~4 µs per write and
  * ~1.5 µs per entry read back; this costs a hash probe and a copy). Off the heap because pages
  * that live for a whole task made G1 grow the heap by more than twice their size; rows handed to
- * Spark are copies, so nothing outside points into memory the buffer frees.
+ * Spark are copies, so nothing outside points into memory the buffer frees. The index is native for
+ * the same reason: at a million keys its arrays are humongous G1 objects, reallocated each version.
  *
  * Records are never moved or changed once written, except the pointer to the record that
  * supersedes them, so a point-in-time view is just a position in the log: `iterator()` and
@@ -39,8 +40,10 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   private var used = 0 // bytes used in the newest page
 
   private val keyIndex = new PositionIndex()
+  private val keyIndexCleanable = WriteBuffer.cleaner.register(this, keyIndex)
   /** Prefix-scan stores: prefix -> the newest write with that prefix (the head of its chain). */
   private val prefixIndex = if (prefixed) new PositionIndex() else null
+  private val prefixIndexCleanable = if (prefixed) WriteBuffer.cleaner.register(this, prefixIndex) else null
 
   private var open = true
   private var writes = 0L
@@ -106,9 +109,25 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   private def hashOf(bytes: Array[Byte], length: Int): Int =
     Murmur3_x86_32.hashUnsafeBytes(bytes, Platform.BYTE_ARRAY_OFFSET, length, 42)
 
+  /**
+   * The slot of `index` that holds the record for `bytes[0, length)` (`hash` is its hash), or the
+   * empty slot where it would go: matched on the record's whole key, or with `prefix` on its
+   * key's prefix. The slot stays valid until the index's next insert.
+   */
+  private def slotOf(index: PositionIndex, hash: Int, bytes: Array[Byte], length: Int, prefix: Boolean): Int = {
+    var slot = index.firstSlot(hash)
+    var pos = index.positionAt(slot)
+    while (pos != NoRecord && !(index.hashAt(slot) == hash &&
+        (if (prefix) prefixEquals(pos, bytes, length) else keyEquals(pos, bytes, length)))) {
+      slot = index.nextSlot(slot)
+      pos = index.positionAt(slot)
+    }
+    slot
+  }
+
   /** The newest record of `key` (encoded), or NoRecord. */
   private def find(key: Array[Byte]): Long =
-    keyIndex.find(hashOf(key, key.length), pos => keyEquals(pos, key, key.length))
+    keyIndex.positionAt(slotOf(keyIndex, hashOf(key, key.length), key, key.length, prefix = false))
 
   /** Length of the prefix part of a `prefix-v1` key: the 4-byte length, then the prefix row. */
   private def prefixLength(key: Array[Byte]): Int =
@@ -140,9 +159,11 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     if (find(encoded) == NoRecord) addMark(encoded, present)
   }
 
+  /** Adds a read mark for a key the buffer does not hold. */
   private def addMark(encoded: Array[Byte], present: Boolean): Unit = {
-    val pos = append(MarkFlag | (if (present) Present else Absent), NoRecord, encoded, null)
-    keyIndex.put(hashOf(encoded, encoded.length), pos, _ => false)
+    val hash = hashOf(encoded, encoded.length)
+    val slot = slotOf(keyIndex, hash, encoded, encoded.length, prefix = false)
+    keyIndex.insert(slot, hash, append(MarkFlag | (if (present) Present else Absent), NoRecord, encoded, null))
   }
 
   /** Buffers `value` for `key`; null buffers a delete. */
@@ -150,20 +171,22 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     checkOpen()
     val encoded = codec.encode(key)
     val hash = hashOf(encoded, encoded.length)
-    val old = keyIndex.find(hash, p => keyEquals(p, encoded, encoded.length))
+    val slot = slotOf(keyIndex, hash, encoded, encoded.length, prefix = false)
+    val old = keyIndex.positionAt(slot)
     val inBase = if (old == NoRecord) Unknown else flagsOf(old) & BaseMask
     val pos = append(inBase | (if (value == null) DeleteFlag else 0), old, encoded, value)
-    if (old == NoRecord) keyIndex.put(hash, pos, _ => false)
+    if (old == NoRecord) keyIndex.insert(slot, hash, pos)
     else {
       Platform.putLong(null, addressOf(old) + NextAt, pos)
-      keyIndex.put(hash, pos, p => p == old)
+      keyIndex.replace(slot, pos)
     }
     if (prefixed) {
       val length = prefixLength(encoded)
       val prefixHash = hashOf(encoded, length)
-      val head = prefixIndex.find(prefixHash, p => prefixEquals(p, encoded, length))
+      val headSlot = slotOf(prefixIndex, prefixHash, encoded, length, prefix = true)
+      val head = prefixIndex.positionAt(headSlot)
       Platform.putLong(null, addressOf(pos) + PrefixLinkAt, head)
-      prefixIndex.put(prefixHash, pos, p => p == head)
+      if (head == NoRecord) prefixIndex.insert(headSlot, prefixHash, pos) else prefixIndex.replace(headSlot, pos)
     }
     writes += 1
   }
@@ -195,8 +218,8 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   def entriesAt(at: Long, scanPrefix: Array[Byte] = null): Iterator[(UnsafeRow, UnsafeRow)] = {
     val positions: Iterator[Long] = if (scanPrefix == null) recordsUpTo(at) else synchronized {
       checkOpen()
-      val head = prefixIndex.find(hashOf(scanPrefix, scanPrefix.length),
-        p => prefixEquals(p, scanPrefix, scanPrefix.length))
+      val head = prefixIndex.positionAt(
+        slotOf(prefixIndex, hashOf(scanPrefix, scanPrefix.length), scanPrefix, scanPrefix.length, prefix = true))
       Iterator.iterate(head)(p => synchronized { checkOpen(); prefixPrevOf(p) }).takeWhile(_ != NoRecord)
     }
     positions.flatMap { pos =>
@@ -247,13 +270,14 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   def foreachWrite(sorted: Boolean = false)(visit: (Int, Array[Byte], Int, Int, Int, Int) => Unit): Unit =
     synchronized {
       checkOpen()
-      var newest = new Array[Long](1024)
+      // Sized once: every key with a write has an index entry (a humongous array regrown per
+      // commit was much of the shim's garbage).
+      val newest = new Array[Long](math.max(1, keyIndex.size))
       var count = 0
       val it = recordsUpTo(now)
       while (it.hasNext) {
         val pos = it.next()
         if ((flagsOf(pos) & MarkFlag) == 0 && nextOf(pos) == NoRecord) {
-          if (count == newest.length) newest = java.util.Arrays.copyOf(newest, count * 2)
           newest(count) = addressOf(pos) // pages never move while the lock is held
           count += 1
         }
@@ -311,7 +335,8 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
 
   /** Unsigned lexicographic order of the keys of the records at addresses `a` and `b`. */
   private def compareKeys(a: Long, b: Long): Int = {
-    val (aAt, bAt) = (a + header, b + header)
+    val aAt = a + header
+    val bAt = b + header
     val aLength = Platform.getInt(null, a + KeyLengthAt)
     val bLength = Platform.getInt(null, b + KeyLengthAt)
     val common = math.min(aLength, bLength)
@@ -351,8 +376,8 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     if (open) {
       open = false
       cleanable.clean()
-      keyIndex.clear()
-      if (prefixIndex != null) prefixIndex.clear()
+      keyIndexCleanable.clean()
+      if (prefixIndexCleanable != null) prefixIndexCleanable.clean()
       scratch = null
     }
   }
@@ -435,69 +460,65 @@ private final class NativePages extends Runnable {
 }
 
 /**
- * An open-addressing hash table (linear probing) of record positions, keyed by a hash the caller
- * computes; equality is the caller's too (it reads the record). Two arrays, no objects per entry.
+ * An open-addressing hash table (linear probing) of record positions in native memory, keyed by a
+ * hash the caller computes. The caller probes it slot by slot (`firstSlot`, `nextSlot`) and decides
+ * equality itself by reading the record, so no closure is allocated per lookup. A slot is empty
+ * when its position is -1. Freed once, by the buffer's close or by the Cleaner, so it must not
+ * refer to the buffer.
  */
-private[pystatestore] final class PositionIndex {
-  private var positions = newSlots(64)
-  private var hashes = new Array[Int](64)
-  private var size = 0
+private[pystatestore] final class PositionIndex extends Runnable {
+  // `capacity` slots: their positions (8 bytes each), then their hashes (4 bytes each).
+  private var capacity = 64
+  private var address = allocate(capacity)
+  private var entries = 0
 
-  private def newSlots(n: Int): Array[Long] = {
-    val a = new Array[Long](n)
-    java.util.Arrays.fill(a, -1L)
-    a
+  private def allocate(slots: Int): Long = {
+    val at = Platform.allocateMemory(slots * 12L)
+    Platform.setMemory(at, 0xff.toByte, slots * 8L) // every position -1: empty
+    at
   }
 
-  def find(hash: Int, matches: Long => Boolean): Long = {
-    val mask = positions.length - 1
-    var i = hash & mask
-    while (positions(i) != -1L) {
-      if (hashes(i) == hash && matches(positions(i))) return positions(i)
-      i = (i + 1) & mask
-    }
-    -1L
+  def size: Int = entries
+  def firstSlot(hash: Int): Int = hash & (capacity - 1)
+  def nextSlot(slot: Int): Int = (slot + 1) & (capacity - 1)
+  def positionAt(slot: Int): Long = Platform.getLong(null, address + slot * 8L)
+  def hashAt(slot: Int): Int = Platform.getInt(null, address + capacity * 8L + slot * 4L)
+
+  /** Points the occupied `slot` at the newer record `pos`. */
+  def replace(slot: Int, pos: Long): Unit = Platform.putLong(null, address + slot * 8L, pos)
+
+  /** Fills the empty `slot` (found by probing for `hash`) with `pos`; earlier slots become stale. */
+  def insert(slot: Int, hash: Int, pos: Long): Unit = {
+    Platform.putLong(null, address + slot * 8L, pos)
+    Platform.putInt(null, address + capacity * 8L + slot * 4L, hash)
+    entries += 1
+    if (entries * 2 > capacity) grow()
   }
 
-  /** Sets the entry for which `replaces` holds (or a new one) to `pos`. */
-  def put(hash: Int, pos: Long, replaces: Long => Boolean): Unit = {
-    val mask = positions.length - 1
-    var i = hash & mask
-    while (positions(i) != -1L) {
-      if (hashes(i) == hash && replaces(positions(i))) {
-        positions(i) = pos
-        return
-      }
-      i = (i + 1) & mask
-    }
-    positions(i) = pos
-    hashes(i) = hash
-    size += 1
-    if (size * 2 > positions.length) grow()
-  }
-
-  private def grow(): Unit = {
-    val (oldPositions, oldHashes) = (positions, hashes)
-    positions = newSlots(oldPositions.length * 2)
-    hashes = new Array[Int](oldPositions.length * 2)
-    val mask = positions.length - 1
+  private def grow(): Unit = synchronized { // with run(): the Cleaner's thread sees the newest block
+    val (oldAddress, oldCapacity) = (address, capacity)
+    capacity = oldCapacity * 2
+    address = allocate(capacity)
     var j = 0
-    while (j < oldPositions.length) {
-      if (oldPositions(j) != -1L) {
-        var i = oldHashes(j) & mask
-        while (positions(i) != -1L) i = (i + 1) & mask
-        positions(i) = oldPositions(j)
-        hashes(i) = oldHashes(j)
+    while (j < oldCapacity) {
+      val pos = Platform.getLong(null, oldAddress + j * 8L)
+      if (pos != -1L) {
+        val hash = Platform.getInt(null, oldAddress + oldCapacity * 8L + j * 4L)
+        var slot = firstSlot(hash)
+        while (positionAt(slot) != -1L) slot = nextSlot(slot)
+        Platform.putLong(null, address + slot * 8L, pos)
+        Platform.putInt(null, address + capacity * 8L + slot * 4L, hash)
       }
       j += 1
     }
+    Platform.freeMemory(oldAddress)
   }
 
-  def memoryBytes: Long = positions.length * 12L
+  def memoryBytes: Long = synchronized(if (address == 0L) 0L else capacity * 12L)
 
-  def clear(): Unit = {
-    positions = newSlots(1)
-    hashes = new Array[Int](1)
-    size = 0
+  override def run(): Unit = synchronized {
+    if (address != 0L) Platform.freeMemory(address)
+    address = 0L
+    entries = 0
   }
 }
