@@ -4,7 +4,8 @@ A segment is the change frame the JVM sent (op, key, value; sorted by key for th
 in a compact columnar form, compressed with zstd: per chunk of rows, the ops, the key offsets and
 bytes, the value offsets, validity and bytes. Arrow IPC would carry ~500 bytes of schema and
 message metadata, more than the rows of a typical small commit; this carries a few bytes per chunk.
-Segments are written and read chunk by chunk, so neither side holds a large commit whole.
+Segments are written and read chunk by chunk, so neither side holds a large commit whole. Arrow's
+own kernels do the array work: the worker does not load numpy (about 13 MiB per worker).
 
     magic | chunk* | u32 0          chunk = u32 rows | ops | key offsets | keys | value offsets |
                                             value validity | values      (offsets: u32 LE, rows+1)
@@ -16,8 +17,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .frames import CHANGES_SCHEMA
 
@@ -30,23 +31,30 @@ class SegmentFormatError(ValueError):
     """The bytes are not a changelog segment (damaged, truncated or something else)."""
 
 
+def _values_bytes(arr: pa.Array, width: int) -> bytes:
+    """The value buffer of a fixed-width array without nulls, from its slice offset on (Arrow
+    buffers are little-endian on every platform pyarrow ships for)."""
+    return memoryview(arr.buffers()[1])[arr.offset * width : (arr.offset + len(arr)) * width].tobytes()
+
+
 def _binary_parts(arr: pa.Array) -> tuple[bytes, bytes]:
     """Offsets (from 0, u32 LE, len+1) and bytes of a binary array, whatever its slice offset."""
     n = len(arr)
     buffers = arr.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = buffers[2].to_pybytes()[start:end] if buffers[2] is not None and end > start else b""
-    return (offsets - start).astype("<u4").tobytes(), data
+    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, buffers[1]], offset=arr.offset)
+    start, end = offsets[0].as_py(), offsets[n].as_py()
+    data = memoryview(buffers[2])[start:end].tobytes() if buffers[2] is not None and end > start else b""
+    from_zero = offsets if start == 0 else pc.subtract(offsets, pa.scalar(start, pa.int32()))
+    return _values_bytes(from_zero.cast(pa.uint32()), 4), data
 
 
 def encode_chunk(batch: pa.RecordBatch) -> bytes:
     n = batch.num_rows
-    ops = batch.column(0).to_numpy(zero_copy_only=False).astype(np.uint8).tobytes()
+    ops = _values_bytes(batch.column(0), 1)  # int8 ops, stored as their bytes
     key_offsets, keys = _binary_parts(batch.column(1))
     value_col = batch.column(2)
     value_offsets, values = _binary_parts(value_col)
-    valid = value_col.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8).tobytes()
+    valid = _values_bytes(value_col.is_valid().cast(pa.uint8()), 1)
     return b"".join([_U32.pack(n), ops, key_offsets, keys, value_offsets, valid, values])
 
 
@@ -96,10 +104,10 @@ def _read_exact(stream: pa.NativeFile, n: int) -> bytes:
 
 def _offsets(stream: pa.NativeFile, n: int) -> tuple[bytes, int]:
     raw = _read_exact(stream, 4 * (n + 1))
-    offsets = np.frombuffer(raw, dtype="<u4")
-    if offsets[0] != 0 or np.any(np.diff(offsets.astype(np.int64)) < 0):
+    offsets = pa.Array.from_buffers(pa.uint32(), n + 1, [None, pa.py_buffer(raw)])
+    if offsets[0].as_py() != 0 or pc.any(pc.less(offsets.slice(1), offsets.slice(0, n))).as_py():
         raise SegmentFormatError("offsets out of order")
-    return raw, int(offsets[-1])
+    return raw, offsets[n].as_py()
 
 
 def read_segment(source: bytes | Path) -> Iterator[pa.RecordBatch]:
@@ -113,22 +121,21 @@ def read_segment(source: bytes | Path) -> Iterator[pa.RecordBatch]:
             (n,) = _U32.unpack(_read_exact(stream, 4))
             if n == 0:
                 return
-            ops = np.frombuffer(_read_exact(stream, n), dtype=np.int8)
+            ops = pa.py_buffer(_read_exact(stream, n))
             key_offsets, key_len = _offsets(stream, n)
             keys = _read_exact(stream, key_len)
             value_offsets, value_len = _offsets(stream, n)
-            valid = np.frombuffer(_read_exact(stream, n), dtype=np.uint8).astype(bool)
+            valid = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(_read_exact(stream, n))]).cast(pa.bool_())
             values = _read_exact(stream, value_len)
-            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
             yield pa.record_batch(
                 [
-                    pa.array(ops, pa.int8()),
+                    pa.Array.from_buffers(pa.int8(), n, [None, ops]),
                     pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(key_offsets), pa.py_buffer(keys)]),
                     pa.Array.from_buffers(
                         pa.binary(),
                         n,
-                        [bitmap, pa.py_buffer(value_offsets), pa.py_buffer(values)],
-                        null_count=int(n - valid.sum()),
+                        [valid.buffers()[1], pa.py_buffer(value_offsets), pa.py_buffer(values)],
+                        null_count=n - valid.true_count,
                     ),
                 ],
                 schema=CHANGES_SCHEMA,

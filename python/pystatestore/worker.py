@@ -17,8 +17,6 @@ import sys
 
 from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway
 
-from .service import StoreService
-
 LOOPBACK = "127.0.0.1"
 
 
@@ -29,20 +27,24 @@ def read_handshake(stream) -> tuple[int, str]:  # noqa: ANN001 - a binary file o
     return int(doc["port"]), str(doc["token"])
 
 
-class _NoPandas(importlib.abc.MetaPathFinder):
-    """Refuses to import pandas. pyarrow imports it lazily on its first array conversion, only to
-    check whether an argument is a pandas object: ~35 MiB of resident memory per worker, in a
-    process that never touches a DataFrame."""
+# Modules pyarrow loads when they are installed, which the worker never uses: pyarrow imports numpy
+# when it is imported (~13 MiB resident) and pandas on its first array conversion, only to check
+# whether an argument is a pandas object (~35 MiB). Every worker in the pool would pay both.
+UNUSED_IN_WORKER = ("numpy", "pandas")
+
+
+class _Unused(importlib.abc.MetaPathFinder):
+    """Refuses to import UNUSED_IN_WORKER; pyarrow then works as where they are not installed."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("the pystatestore state worker does not load pandas", name=name)
+        if name.split(".", 1)[0] in UNUSED_IN_WORKER:
+            raise ModuleNotFoundError(f"the pystatestore state worker does not load {name}", name=name)
         return None
 
 
 def main() -> int:
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, _NoPandas())
+    sys.meta_path.insert(0, _Unused())
+    from .service import StoreService  # imports pyarrow: only once the finder is in place
     logging.basicConfig(
         level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
