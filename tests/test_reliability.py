@@ -29,7 +29,7 @@ from pystatestore.errors import (
     StoreConfigError,
 )
 from pystatestore.leases import LEASE_DIR, CommitLease, LeaseLostError, validate_grace
-from pystatestore.remote import RemoteStore
+from pystatestore.remote import RemoteStore, filesystem_for, is_object_store
 from pystatestore.service import StoreService
 
 BACKENDS = ["memory", "rocksdb"]
@@ -581,6 +581,24 @@ def hdfs_like_backend(store: Path, local: Path, handler: NoReplaceRename) -> Sta
     b.remote = RemoteStore(f"file:{store}", fs=pafs.PyFileSystem(handler), root=str(store))
     assert not b.remote.is_local and not b.remote.object_store
     return b
+
+
+@pytest.mark.parametrize(
+    ("uri", "object_store"),
+    [
+        ("s3a://bucket/chk/state/0/1?region=us-east-1", True),  # Hadoop's scheme, as Spark spells it
+        ("s3://bucket/chk/state/0/1?region=us-east-1", True),
+        ("gs://bucket/chk/state/0/1", True),
+        ("file:/chk/state/0/1", False),
+        ("/chk/state/0/1", False),
+    ],
+)
+def test_object_stores_are_told_from_local_disks(uri: str, object_store: bool) -> None:
+    """Object stores get single-PUT publishing (no rename); the object-store modules load lazily,
+    so this is decided from the filesystem's type name."""
+    fs, path = filesystem_for(uri)
+    assert is_object_store(fs) is object_store
+    assert path.endswith("chk/state/0/1")
 
 
 class NoDirectoryTimes(NoReplaceRename):

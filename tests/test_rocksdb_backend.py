@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from pystatestore.backends import rocksdb as rocksdb_backend
 from pystatestore.backends.rocksdb import _newest_change_per_key
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.manifest import snapshot_of
-from pystatestore.remote import RemoteFile
+from pystatestore.remote import RemoteFile, RemoteStore
+from pystatestore.transfer import CHUNK, download_all, upload_all
 
 
 @pytest.fixture
@@ -125,6 +127,28 @@ def test_download_checksum_mismatch_names_the_file(store_dir: Path, tmp_path: Pa
     with pytest.raises(CheckpointDamagedError) as e:
         make_backend("rocksdb", store_dir, tmp_path / "other", options={"localRecovery": "false"}).load(1)
     assert damaged.relative_to(store_dir).as_posix() in str(e.value) and "version: 1" in str(e.value)
+
+
+def test_transfers_copy_files_of_any_size_through_one_buffer(tmp_path: Path) -> None:
+    """Files shorter than, equal to, and across several transfer chunks arrive whole, with the
+    size and checksum of the bytes that were sent."""
+    rnd = random.Random(7)
+    sizes = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 12345]
+    local = tmp_path / "local"
+    local.mkdir()
+    for i, size in enumerate(sizes):
+        (local / f"{i}.sst").write_bytes(rnd.randbytes(size))
+    remote = RemoteStore(f"file:{tmp_path / 'store'}")
+    refs = upload_all(remote, [(local / f"{i}.sst", f"shared/{i}.sst") for i in range(len(sizes))], threads=3)
+    for i, ref in enumerate(refs):
+        data = (local / f"{i}.sst").read_bytes()
+        assert (ref.size, ref.checksum) == (len(data), f"crc32:{zlib.crc32(data):08x}")
+    back = tmp_path / "back"
+    back.mkdir()
+    stats = download_all(remote, [(ref, f"{i}.sst") for i, ref in enumerate(refs)], back, threads=3, version=1)
+    assert (stats.files, stats.bytes) == (len(sizes), sum(sizes))
+    for i in range(len(sizes)):
+        assert (back / f"{i}.sst").read_bytes() == (local / f"{i}.sst").read_bytes()
 
 
 def test_snapshot_gc_keeps_shared_files_of_retained_versions(store_dir: Path, tmp_path: Path) -> None:

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pyarrow as pa
-import pyarrow.fs as pafs
+
+# pyarrow._fs, not pyarrow.fs: the latter loads the S3, GCS, Azure and HDFS modules (with
+# libcrypto), about 6 MiB resident in every worker. They load in filesystem_for, where a checkpoint
+# is not on a local disk.
+import pyarrow._fs as pafs
 
 from .errors import CheckpointMissingError, InvalidPathError, StoreConfigError
 
@@ -64,8 +68,10 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), posixpath.normpath(path)
     if parsed.scheme in ("s3a", "s3n"):
         uri = "s3" + uri[len(parsed.scheme) :]
+    import pyarrow.fs  # the object-store modules, and S3's shutdown hook, only where they are used
+
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
+        fs, path = pyarrow.fs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise StoreConfigError(f"checkpoint filesystem not supported by pyarrow: {e}", store=uri) from e
     return fs, path
@@ -73,7 +79,10 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
 
 def is_object_store(fs: pafs.FileSystem) -> bool:
     """Object stores publish a single PUT atomically but have no atomic rename."""
-    return isinstance(fs, (pafs.S3FileSystem, pafs.GcsFileSystem, pafs.AzureFileSystem))
+    return fs.type_name in _OBJECT_STORE_TYPES
+
+
+_OBJECT_STORE_TYPES = frozenset({"s3", "gcs", "abfs"})  # FileSystem.type_name of S3, GCS, Azure
 
 
 @dataclass(frozen=True)

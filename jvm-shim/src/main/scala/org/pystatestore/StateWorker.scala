@@ -187,6 +187,18 @@ final class WorkerRegistration(token: String) {
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
   val ProtocolVersion = 6
+
+  /**
+   * The worker's allocators, set where the user has not: memory a commit frees goes back to the
+   * system instead of waiting in allocator caches, which RSS counts. Few glibc arenas (each thread,
+   * uploads and RocksDB's, would get one); allocations from 64 KiB up (change frame batches, chunk
+   * encodings) mmapped and unmapped on free; Arrow's buffers on that allocator rather than
+   * mimalloc's own pages. Two stores, 8 commits of 250k keys each: peak 47 -> 37 MiB anonymous.
+   */
+  val WorkerAllocatorEnv: Seq[(String, String)] = Seq(
+    "MALLOC_ARENA_MAX" -> "2",
+    "MALLOC_MMAP_THRESHOLD_" -> "65536",
+    "ARROW_DEFAULT_MEMORY_POOL" -> "system")
   /** Sized by the first store to acquire a worker (as the interpreter is); slots start empty. */
   private var pool: Array[RunningWorker] = _
   private var generations = 0
@@ -443,9 +455,7 @@ object StateWorker extends Logging {
     command.add("pystatestore.worker")
     val pb = new ProcessBuilder(command)
     val env = pb.environment()
-    // Threads (uploads, RocksDB) would each get a glibc malloc arena; few arenas keep the
-    // worker's resident memory close to what it uses. A value the user set is kept.
-    if (env.get("MALLOC_ARENA_MAX") == null) env.put("MALLOC_ARENA_MAX", "2")
+    StateWorker.WorkerAllocatorEnv.foreach { case (name, value) => if (env.get(name) == null) env.put(name, value) }
     spec.pythonPath.foreach { p =>
       env.put("PYTHONPATH", (p +: Option(env.get("PYTHONPATH")).toSeq).mkString(File.pathSeparator))
     }
