@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import posixpath
+import random
 import shutil
 import threading
 import time
@@ -29,6 +30,7 @@ from pystatestore.errors import (
     StoreConfigError,
 )
 from pystatestore.leases import LEASE_DIR, CommitLease, LeaseLostError, validate_grace
+from pystatestore.manifest import Manifest
 from pystatestore.remote import RemoteStore, filesystem_for, is_object_store
 from pystatestore.service import StoreService
 
@@ -599,6 +601,82 @@ def test_object_stores_are_told_from_local_disks(uri: str, object_store: bool) -
     fs, path = filesystem_for(uri)
     assert is_object_store(fs) is object_store
     assert path.endswith("chk/state/0/1")
+
+
+def test_a_test_fault_can_wait_for_a_later_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault seam's "after": the point passes that many times, then the rule fires `times` times."""
+    from pystatestore import faults
+
+    rule = {"store": "/later/", "point": "commit:applied", "action": "fail", "after": 2, "times": 1}
+    monkeypatch.setenv(faults.ENV, json.dumps([rule]))
+    monkeypatch.setattr(faults, "_fired", {})
+    monkeypatch.setattr(faults, "_passed", {})
+    b = make_backend("rocksdb", tmp_path / "later" / "store", tmp_path / "local")
+    faults.install(b)
+    commit(b, 0, changes({b"a": b"1"}), "t1")
+    commit(b, 1, changes({b"b": b"2"}), "t2")
+    with pytest.raises(faults.InjectedFaultError):
+        commit(b, 2, changes({b"c": b"3"}), "t3")
+    commit(b, 2, changes({b"c": b"3"}), "t4")  # fired its one time
+    assert state_of(b, 3) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+
+
+def test_a_test_fault_fires_once_across_worker_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With "once", a worker that replaced one that fired the rule (fresh counters) does not fire it."""
+    from pystatestore import faults
+
+    marker = tmp_path / "fired"
+    rule = {"store": "/once/", "point": "commit:applied", "action": "fail", "once": str(marker)}
+    monkeypatch.setenv(faults.ENV, json.dumps([rule]))
+    monkeypatch.setattr(faults, "_passed", {})
+    b = make_backend("rocksdb", tmp_path / "once" / "store", tmp_path / "local")
+    for attempt in ("t1", "t2"):
+        monkeypatch.setattr(faults, "_fired", {})  # as in a new worker process
+        faults.install(b)
+        if attempt == "t1":
+            with pytest.raises(faults.InjectedFaultError):
+                commit(b, 0, changes({b"a": b"1"}), attempt)
+        else:
+            commit(b, 0, changes({b"a": b"1"}), attempt)
+    assert marker.exists() and state_of(b, 1) == {b"a": b"1"}
+
+
+def test_a_partial_upload_fails_its_commit_and_gc_removes_it(tmp_path: Path) -> None:
+    """A transfer that dies part-way through a file (the seam's "upload:chunk") leaves a partial
+    file under the store: the commit fails, the retry commits, and GC past the grace removes it."""
+    from pystatestore.transfer import CHUNK
+
+    store = tmp_path / "store"
+    b = make_backend("rocksdb", store, tmp_path / "local", mode="snapshot")
+    rnd = random.Random(3)  # incompressible: the first SST spans several transfer chunks
+    table = changes({f"k{i:05d}".encode(): rnd.randbytes(300) for i in range(3 * CHUNK // 300)})
+
+    def die_mid_file(point: str) -> None:
+        if point == "upload:chunk":
+            raise OSError("injected: the connection dropped mid-file")
+
+    b.fault_hook = die_mid_file
+    with pytest.raises(OSError, match="mid-file"):
+        commit(b, 0, table, "t1")
+    partial = [p for p in (store / "shared").rglob("*") if p.is_file()]
+    # every file stopped after its first chunk: the large SST is cut short at the chunk size
+    assert any(p.stat().st_size == CHUNK for p in partial), [p.stat().st_size for p in partial]
+    assert not (store / "manifests" / "1.json").exists()
+    b.fault_hook = None
+    commit(b, 0, table, "t2")
+    assert len(state_of(b, 1)) == table.num_rows
+    b.maintenance(now=time.time() + 3600)
+    assert not [p for p in partial if p.exists()], "GC past the grace left the partial upload"
+    needed = {
+        r.path
+        for r in Manifest.from_json(
+            (store / "manifests" / "1.json").read_bytes(), store=str(store), version=1, file="manifests/1.json"
+        ).files()
+    }
+    left = {
+        p.relative_to(store).as_posix() for d in ("shared", "private") for p in (store / d).rglob("*") if p.is_file()
+    }
+    assert left == needed
 
 
 class NoDirectoryTimes(NoReplaceRename):

@@ -3,13 +3,18 @@ which tests set on the processes they start, never by a Spark or pystatestore co
 
 The variable holds a JSON list of rules; each applies to stores whose directory contains `store`:
     {"store": "hang-me", "point": "commit:uploaded", "action": "sleep", "seconds": 30, "times": 1}
-Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "exit" (the worker dies at once),
+An optional "after": n lets the point pass n times first (per worker process), so a fault can land
+at a later commit than the first. An optional "once": path makes the rule fire once in all, across
+the worker processes that replace each other: the first to create that file fires it.
+Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "enospc" (raise OSError ENOSPC, as a
+full disk does), "exit" (the worker dies at once),
 "sever" (close the connection of the JVM's call in progress, a transport error, then fail the call).
 Points are the backends' fault points (commit:applied, upload:file, restore:file, gc:deleted, ...).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,6 +29,7 @@ ENV = "PYSTATESTORE_TEST_FAULTS"
 log = logging.getLogger("pystatestore.faults")
 _lock = threading.Lock()
 _fired: dict[int, int] = {}  # rule index -> times fired in this worker process
+_passed: dict[int, int] = {}  # rule index -> times its point was reached without firing ("after")
 
 
 class InjectedFaultError(OSError):
@@ -52,7 +58,12 @@ def install(backend: StateBackend) -> None:
             if rule.get("point") != point:
                 continue
             with _lock:
+                if _passed.get(i, 0) < int(rule.get("after", 0)):
+                    _passed[i] = _passed.get(i, 0) + 1
+                    continue
                 if _fired.get(i, 0) >= int(rule.get("times", 1)):
+                    continue
+                if "once" in rule and not _claim(str(rule["once"])):
                     continue
                 _fired[i] = _fired.get(i, 0) + 1
             action = rule.get("action")
@@ -61,6 +72,8 @@ def install(backend: StateBackend) -> None:
                 time.sleep(float(rule.get("seconds", 1)))
             elif action == "fail":
                 raise InjectedFaultError(f"injected failure at {point}")
+            elif action == "enospc":
+                raise InjectedFaultError(errno.ENOSPC, f"No space left on device (injected at {point})")
             elif action == "exit":
                 os._exit(17)
             elif action == "sever":
@@ -68,6 +81,14 @@ def install(backend: StateBackend) -> None:
                 raise InjectedFaultError(f"injected transport failure at {point}")
 
     backend.fault_hook = hook
+
+
+def _claim(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 def _sever_current_connection() -> None:

@@ -24,7 +24,8 @@ from .remote import RemoteStore, local_file_in
 # below S3's 5 MiB part size: Arrow's object-store streams copy smaller writes into their part
 # buffer, but may upload a larger one straight from the caller's (here reused) memory.
 CHUNK = 1 << 20
-# Called with "upload:file" / "download:file" after each file; tests raise from it to crash mid-transfer.
+# Called with "upload:file" / "download:file" after each file and "upload:chunk" / "download:chunk"
+# after each chunk; tests raise from it to crash mid-transfer (a chunk fault leaves a partial file).
 TransferHook = Callable[[str], None]
 
 
@@ -38,15 +39,17 @@ def _crc_text(crc: int) -> str:
     return f"crc32:{crc & 0xFFFFFFFF:08x}"
 
 
-def upload_file(remote: RemoteStore, local: Path, rel: str) -> FileRef:
+def upload_file(remote: RemoteStore, local: Path, rel: str, *, hook: TransferHook | None = None) -> FileRef:
     """Copies one local file to `rel`, computing its checksum on the way."""
     remote.create_parent(rel)
     with open(local, "rb") as src, remote.open_output(rel) as out:
-        crc, size = _copy(src, out)
+        crc, size = _copy(src, out, hook, "upload:chunk")
     return FileRef(rel, size, _crc_text(crc))
 
 
-def _copy(src: BinaryIO | pa.NativeFile, out: BinaryIO | pa.NativeFile) -> tuple[int, int]:
+def _copy(
+    src: BinaryIO | pa.NativeFile, out: BinaryIO | pa.NativeFile, hook: TransferHook | None, point: str
+) -> tuple[int, int]:
     """Copies `src` to `out` through one buffer; returns (crc32, bytes)."""
     buffer = memoryview(bytearray(CHUNK))
     crc, size = 0, 0
@@ -55,10 +58,20 @@ def _copy(src: BinaryIO | pa.NativeFile, out: BinaryIO | pa.NativeFile) -> tuple
         crc = zlib.crc32(chunk, crc)
         size += n
         out.write(chunk)
+        if hook is not None:
+            hook(point)
     return crc, size
 
 
-def download_file(remote: RemoteStore, ref: FileRef, local_dir: Path, name: str, *, version: int | None) -> int:
+def download_file(
+    remote: RemoteStore,
+    ref: FileRef,
+    local_dir: Path,
+    name: str,
+    *,
+    version: int | None,
+    hook: TransferHook | None = None,
+) -> int:
     """Copies `ref` to `local_dir/name` and verifies size and checksum; a mismatch names store, version
     and file. The bytes land in a temporary file first, so a failure leaves nothing under `name` and
     deletes only what this call wrote."""
@@ -66,7 +79,7 @@ def download_file(remote: RemoteStore, ref: FileRef, local_dir: Path, name: str,
     tmp = os.path.join(local_dir, f".download-{uuid.uuid4().hex}")
     try:
         with remote.open_input(ref.path, version=version) as src, open(tmp, "xb") as out:
-            crc, size = _copy(src, out)
+            crc, size = _copy(src, out, hook, "download:chunk")
         if size != ref.size or _crc_text(crc) != ref.checksum:
             raise CheckpointDamagedError(
                 f"downloaded {size} bytes with {_crc_text(crc)}, "
@@ -89,7 +102,7 @@ def upload_all(
         return []
 
     def one(item: tuple[Path, str]) -> FileRef:
-        ref = upload_file(remote, item[0], item[1])
+        ref = upload_file(remote, item[0], item[1], hook=hook)
         if hook is not None:
             hook("upload:file")
         return ref
@@ -112,7 +125,7 @@ def download_all(
         return TransferStats(0, 0)
 
     def one(item: tuple[FileRef, str]) -> int:
-        size = download_file(remote, item[0], local_dir, item[1], version=version)
+        size = download_file(remote, item[0], local_dir, item[1], version=version, hook=hook)
         if hook is not None:
             hook("download:file")
         return size

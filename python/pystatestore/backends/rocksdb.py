@@ -855,7 +855,7 @@ class RocksDBBackend(StateBackend):
         size = segment.stat().st_size
         if size <= inline_limit:
             return ChangesRef(rows, FileRef.inline_of(segment.read_bytes())), []
-        ref = upload_file(self.remote, segment, f"changelog/{version}-{token}.changes")
+        ref = upload_file(self.remote, segment, f"changelog/{version}-{token}.changes", hook=self._fault_point)
         self._fault_point("upload:file")
         return ChangesRef(rows, ref), [ref]
 
