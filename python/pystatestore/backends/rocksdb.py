@@ -84,7 +84,7 @@ REPLAY_MERGE_BYTES = 256 << 10
 REPLAY_INGEST_FILES = 8
 # The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
 # restores touch: small, shared by every store in the worker.
-WORKER_BLOCK_CACHE_BYTES = 8 << 20
+WORKER_BLOCK_CACHE_BYTES = 2 << 20
 STALE_COPY_SCAN_INTERVAL_S = 3600.0
 COMMIT_MODES = ("changelog", "snapshot")
 DEFAULT_COMMIT_MODE = "changelog"
