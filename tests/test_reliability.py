@@ -626,7 +626,8 @@ def test_a_test_fault_fires_once_across_worker_processes(tmp_path: Path, monkeyp
     from pystatestore import faults
 
     marker = tmp_path / "fired"
-    rule = {"store": "/once/", "point": "commit:applied", "action": "fail", "once": str(marker)}
+    record = tmp_path / "fired.txt"
+    rule = {"store": "/once/", "point": "commit:applied", "action": "fail", "once": str(marker), "record": str(record)}
     monkeypatch.setenv(faults.ENV, json.dumps([rule]))
     monkeypatch.setattr(faults, "_passed", {})
     b = make_backend("rocksdb", tmp_path / "once" / "store", tmp_path / "local")
@@ -639,6 +640,7 @@ def test_a_test_fault_fires_once_across_worker_processes(tmp_path: Path, monkeyp
         else:
             commit(b, 0, changes({b"a": b"1"}), attempt)
     assert marker.exists() and state_of(b, 1) == {b"a": b"1"}
+    assert record.read_text().split()[:3] == ["0", "commit:applied", "fail"]  # one line: it fired once
 
 
 def test_a_partial_upload_fails_its_commit_and_gc_removes_it(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ The variable holds a JSON list of rules; each applies to stores whose directory 
     {"store": "hang-me", "point": "commit:uploaded", "action": "sleep", "seconds": 30, "times": 1}
 An optional "after": n lets the point pass n times first (per worker process), so a fault can land
 at a later commit than the first. An optional "once": path makes the rule fire once in all, across
-the worker processes that replace each other: the first to create that file fires it.
+the worker processes that replace each other: the first to create that file fires it. An optional
+"record": path gets a line (rule index, point, action, store) appended each time the rule fires.
 Actions: "sleep" (stall for `seconds`), "fail" (raise OSError), "enospc" (raise OSError ENOSPC, as a
 full disk does), "exit" (the worker dies at once),
 "sever" (close the connection of the JVM's call in progress, a transport error, then fail the call).
@@ -68,6 +69,9 @@ def install(backend: StateBackend) -> None:
                 _fired[i] = _fired.get(i, 0) + 1
             action = rule.get("action")
             log.warning("injecting %s at %s for store %s", action, point, backend.ctx.store_dir)
+            if "record" in rule:
+                with open(str(rule["record"]), "a") as record:
+                    record.write(f"{i} {point} {action} {backend.ctx.store_dir}\n")
             if action == "sleep":
                 time.sleep(float(rule.get("seconds", 1)))
             elif action == "fail":
