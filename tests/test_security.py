@@ -130,8 +130,8 @@ def test_worker_never_loads_numpy_or_pandas(worker: tuple) -> None:
 
 
 def test_worker_on_a_local_checkpoint_never_loads_object_store_filesystems(worker: tuple) -> None:
-    """pyarrow.fs imports the S3, GCS, Azure and HDFS modules (S3 brings libcrypto): ~6 MiB
-    resident per worker that a checkpoint on a local disk never uses."""
+    """pyarrow.fs imports the S3, GCS, Azure and HDFS modules (libarrow_s3 alone ~3 MiB resident
+    per worker) that a checkpoint on a local disk never uses."""
     _, w = worker
     maps = Path(f"/proc/{w.pid()}/maps").read_text()
     loaded = sorted(

@@ -18,9 +18,9 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-# pyarrow._fs, not pyarrow.fs: the latter loads the S3, GCS, Azure and HDFS modules (with
-# libcrypto), about 6 MiB resident in every worker. They load in filesystem_for, where a checkpoint
-# is not on a local disk.
+# pyarrow._fs, not pyarrow.fs: the latter loads the S3, GCS, Azure and HDFS modules (libarrow_s3
+# alone is ~3 MiB resident in every worker). They load in filesystem_for, where a checkpoint is not
+# on a local disk.
 import pyarrow._fs as pafs
 
 from .errors import CheckpointMissingError, InvalidPathError, StoreConfigError
