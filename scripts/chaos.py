@@ -122,6 +122,10 @@ class Plan:
     local_copy_damage: str | None = None  # "flip" / "delete", between phases
     tiny_grace: bool = False
     local_recovery: bool = True  # off where a fault needs restores to download
+    # Stops kill the application's executors, so the restarted query restores every store (from
+    # local copies or downloads) instead of finding it still open in a live worker.
+    cold_stops: bool = False
+    inline_bytes: int | None = None  # 0: every changelog commit and small file is uploaded as a file
 
     def describe(self) -> str:
         parts = [f"{r['fault']} ({r['action']} at {r['point']}, after {r.get('after', 0)})" for r in self.rules]
@@ -133,6 +137,8 @@ class Plan:
         if self.tiny_grace:
             parts.append("maintenance-grace-10s")
         stops = ",".join(map(str, self.stops)) or "none"
+        if self.stops and self.cold_stops:
+            stops += " (executors killed at each stop)"
         return f"{self.scenario}/{self.mode}, stops after files {stops}; faults: {'; '.join(parts) or 'none'}"
 
 
@@ -146,7 +152,10 @@ def draw(seed: int, tag: str) -> Plan:
     )
     for fault in rnd.sample(sorted(SEAM_FAULTS) + OTHER_FAULTS, rnd.randint(1, 3)):
         if fault in SEAM_FAULTS:
-            plan.rules.append({"store": tag, "fault": fault, **SEAM_FAULTS[fault](rnd)})
+            rule = {"store": tag, "fault": fault, **SEAM_FAULTS[fault](rnd)}
+            if rule["point"] == "restore:replayed" and plan.mode == "snapshot":
+                rule["point"] = "restore:file"  # snapshot commits have no changes to replay
+            plan.rules.append(rule)
             if fault in RESTORE_FAULTS:  # restores happen where a query restarts
                 plan.stops = plan.stops or [rnd.randrange(2, FILES - 1)]
                 plan.local_recovery = plan.local_recovery and not fault.startswith("download")
@@ -160,6 +169,10 @@ def draw(seed: int, tag: str) -> Plan:
             plan.tiny_grace = True
         elif fault == "stop-restart":
             plan.stops = sorted(set(plan.stops) | {rnd.randrange(1, FILES)})
+    # Drawn last, so that a seed's earlier draws stay what they were before these existed.
+    restores_matter = plan.local_copy_damage is not None or any(r["fault"] in RESTORE_FAULTS for r in plan.rules)
+    plan.cold_stops = restores_matter or rnd.random() < 0.5
+    plan.inline_bytes = rnd.choice([None, 0])
     return plan
 
 
@@ -170,6 +183,22 @@ def executor_pids(app_id: str) -> list[int]:
         for line in out.splitlines()
         if "CoarseGrainedExecutorBackend" in line and app_id in line
     ]
+
+
+def kill_executors(app_id: str, timeout: float = 30) -> int:
+    """SIGKILLs the application's executor JVMs, then waits for them and their state workers (which
+    exit when the JVM's end of their stdin closes) to be gone, so that nothing of theirs touches the
+    local copies after the stop. Returns how many executors it killed."""
+    executors = executor_pids(app_id)
+    out = subprocess.run(["ps", "-eo", "ppid=,pid="], capture_output=True, text=True, check=True).stdout
+    children = [int(pid) for ppid, pid in (line.split() for line in out.splitlines()) if int(ppid) in executors]
+    for pid in executors:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    for pid in executors + children:
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return len(executors)
 
 
 def damage_local_copies(local_dir: Path, how: str, rnd: random.Random) -> str:
@@ -288,6 +317,8 @@ def one_run(plan: Plan, run_dir: Path, tag: str) -> tuple[bool, CheckReport, str
     }
     if not plan.local_recovery:
         conf[CONF + "localRecovery"] = "false"
+    if plan.inline_bytes is not None:
+        conf[CONF + "inlineThresholdBytes"] = str(plan.inline_bytes)
     if plan.tiny_grace:
         conf[CONF + "orphanGraceSeconds"] = "10"
         conf["spark.sql.streaming.stateStore.maintenanceInterval"] = "1s"
@@ -314,6 +345,8 @@ def one_run(plan: Plan, run_dir: Path, tag: str) -> tuple[bool, CheckReport, str
                     notes.append(f"killed executor pid {victim} after batch {batch}")
 
         def between_phases() -> None:
+            if plan.cold_stops:
+                notes.append(f"killed {kill_executors(app_id)} executors at a stop")
             if plan.local_copy_damage:
                 notes.append(damage_local_copies(run_dir / "local", plan.local_copy_damage, rnd))
 

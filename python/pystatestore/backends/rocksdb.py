@@ -416,6 +416,7 @@ class RocksDBBackend(StateBackend):
                 _link_or_copy(src, db_dir / name, link=name.endswith(".sst"))
                 restore.local_files += 1
                 restore.local_bytes += src.stat().st_size
+                self._fault_point("restore:file")
             self._open(db_dir, m.version, m)
         except BaseException:
             shutil.rmtree(db_dir, ignore_errors=True)
