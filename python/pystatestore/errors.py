@@ -21,12 +21,13 @@ class StateStoreError(Exception):
         self.store = store
         self.version = version
         self.file = file
+        self.advice = advice or self.advice
         parts = [f"pystatestore: {problem}", f"store: {store}"]
         if version is not None:
             parts.append(f"version: {version}")
         if file is not None:
             parts.append(f"file: {file}")
-        parts.append(advice or self.advice)
+        parts.append(self.advice)
         super().__init__(" | ".join(parts))
 
 

@@ -447,6 +447,22 @@ class StateBackend(abc.ABC):
         """Deletes what no retained version needs. Manifests go first, so a crash part-way leaves
         only unreferenced files, which the next run (recomputing the same plan) removes. `now` is
         taken before anything is listed, so a lease renewed during the listing is seen as live."""
+        plan = self.plan_maintenance(now)
+        for rel in plan.delete_manifests + plan.delete_files:
+            self.remote.delete(rel)
+            self._fault_point("gc:deleted")
+        removed_dirs = sum(self.remote.remove_dir_if_empty(d) for d in plan.delete_dirs)
+        self._after_retention(plan)
+        return {
+            "lowestRetained": plan.lowest_retained,
+            "deletedManifests": len(plan.delete_manifests),
+            "deletedFiles": len(plan.delete_files),
+            "deletedDirs": removed_dirs,
+            "keptVersions": len(plan.kept_versions),
+        }
+
+    def plan_maintenance(self, now: float | None = None) -> RetentionPlan:
+        """What `maintenance` deletes when run at `now`, deleting nothing (`pystatestore gc --dry-run`)."""
         now = self.clock() if now is None else now
         manifests = self.remote.list_files(MANIFEST_DIR)
         leases = self.remote.list_files(LEASE_DIR)
@@ -470,18 +486,7 @@ class StateBackend(abc.ABC):
             if again == pinned:
                 break
             pinned = again
-        for rel in plan.delete_manifests + plan.delete_files:
-            self.remote.delete(rel)
-            self._fault_point("gc:deleted")
-        removed_dirs = sum(self.remote.remove_dir_if_empty(d) for d in plan.delete_dirs)
-        self._after_retention(plan)
-        return {
-            "lowestRetained": plan.lowest_retained,
-            "deletedManifests": len(plan.delete_manifests),
-            "deletedFiles": len(plan.delete_files),
-            "deletedDirs": removed_dirs,
-            "keptVersions": len(plan.kept_versions),
-        }
+        return plan
 
     def _leased_bases(self, leases: list[RemoteFile], now: float) -> frozenset[int]:
         """The versions live commit attempts are building on (see `CommitLease.pin_base`)."""

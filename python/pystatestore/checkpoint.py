@@ -1,0 +1,300 @@
+"""A Spark streaming checkpoint as the tools see it, read without Spark or a JVM.
+
+Spark's layout: `metadata` (the query id), `offsets/<batch>` (each planned batch, with the SQL
+confs the query runs with), `commits/<batch>` (each finished batch) and `state/<operator>/
+<partition>[/<store name>]/`, one directory per state store. pystatestore's stores hold
+`manifests/<version>.json`; the state of batch b is version b + 1. This module finds the batches,
+operators, partitions and stores, and opens a store's backend read-only: the tools read manifests
+and restore versions into scratch space of their own, and write nothing into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow._fs as pafs
+
+from .backends import BACKENDS, StateBackend, StoreContext
+from .errors import CheckpointMissingError, StoreConfigError
+from .manifest import MANIFEST_DIR, Manifest, version_of_manifest
+from .remote import RemoteStore, describe_foreign_layout, filesystem_for
+
+DEFAULT_STORE_NAME = "default"
+OUR_PROVIDER = "org.pystatestore.PythonStateStoreProvider"
+_NUMBER = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """One state store of the checkpoint: an operator's partition's store (joins have four)."""
+
+    operator_id: int
+    partition_id: int
+    store_name: str
+    uri: str  # the store directory, as Spark names it (file:/..., s3a://...)
+    foreign: str | None = None  # another provider's files found here instead of manifests
+
+    @property
+    def label(self) -> str:
+        name = "" if self.store_name == DEFAULT_STORE_NAME else f"/{self.store_name}"
+        return f"operator {self.operator_id} partition {self.partition_id}{name}"
+
+
+@dataclass
+class SparkCheckpoint:
+    """The query-level part of a checkpoint: its batches and its state stores."""
+
+    uri: str
+    query_id: str | None
+    planned_batches: list[int]  # offsets/
+    committed_batches: list[int]  # commits/
+    conf: dict[str, str] = field(default_factory=dict)  # the SQL confs of the last planned batch
+    stores: list[StoreLocation] = field(default_factory=list)
+
+    @property
+    def last_committed_batch(self) -> int | None:
+        return self.committed_batches[-1] if self.committed_batches else None
+
+    @property
+    def provider(self) -> str | None:
+        return self.conf.get("spark.sql.streaming.stateStore.providerClass")
+
+    def operators(self) -> list[int]:
+        return sorted({s.operator_id for s in self.stores})
+
+    def stores_of(self, operator: int | None = None) -> list[StoreLocation]:
+        return [s for s in self.stores if operator is None or s.operator_id == operator]
+
+    def version_of_batch(self, batch: int | None) -> int:
+        """The store version holding the state after `batch` (default: the last committed one)."""
+        if batch is None:
+            batch = self.last_committed_batch
+            if batch is None:
+                raise CheckpointMissingError(
+                    "the query has not committed a batch yet: there is no state to read",
+                    store=self.uri,
+                    file="commits/",
+                )
+        elif batch not in self.committed_batches:
+            raise CheckpointMissingError(
+                f"batch {batch} is not in the commit log (committed: {_ranges(self.committed_batches)})",
+                store=self.uri,
+                file=f"commits/{batch}",
+                advice="Pick a committed batch; Spark keeps the last spark.sql.streaming.minBatchesToRetain.",
+            )
+        return batch + 1
+
+
+def _ranges(numbers: list[int]) -> str:
+    if not numbers:
+        return "none"
+    return f"{numbers[0]}..{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
+
+
+def _child_names(fs: pafs.FileSystem, path: str, kind: pafs.FileType) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(posixpath.basename(i.path) for i in infos if i.type == kind)
+
+
+def _join(uri: str, *parts: str) -> str:
+    return uri.rstrip("/") + "/" + "/".join(parts)
+
+
+def _read_text(fs: pafs.FileSystem, path: str) -> str | None:
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read().decode("utf-8", errors="replace")
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def open_checkpoint(uri: str) -> SparkCheckpoint:
+    """Reads a checkpoint's layout. `uri` is what the query's `checkpointLocation` was: a local
+    path, `file:`, or anything `pyarrow.fs` opens (s3://, gs://, hdfs://)."""
+    if "://" not in uri and not uri.startswith("file:"):
+        uri = "file:" + str(Path(uri).resolve())
+    fs, root = filesystem_for(uri)
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        raise CheckpointMissingError("there is no checkpoint directory here", store=uri)
+    names = set(_child_names(fs, root, pafs.FileType.Directory))
+    if not names & {"offsets", "commits", "state"}:
+        raise StoreConfigError(
+            "this directory is not a Spark streaming checkpoint (it has no offsets/, commits/ or state/)",
+            store=uri,
+            advice="Pass the query's checkpointLocation, the directory that holds offsets/, commits/ and state/.",
+        )
+    metadata = _read_text(fs, posixpath.join(root, "metadata"))
+    query_id = None
+    if metadata:
+        try:
+            query_id = json.loads(metadata.splitlines()[0]).get("id")
+        except (json.JSONDecodeError, IndexError, AttributeError):
+            query_id = None
+
+    def batches(d: str) -> list[int]:
+        return sorted(int(n) for n in _child_names(fs, posixpath.join(root, d), pafs.FileType.File) if _NUMBER.match(n))
+
+    planned, committed = batches("offsets"), batches("commits")
+    conf: dict[str, str] = {}
+    if planned:
+        text = _read_text(fs, posixpath.join(root, "offsets", str(planned[-1]))) or ""
+        lines = text.splitlines()
+        try:
+            conf = {str(k): str(v) for k, v in json.loads(lines[1]).get("conf", {}).items()}
+        except (json.JSONDecodeError, IndexError, AttributeError):
+            conf = {}
+    ckpt = SparkCheckpoint(uri=uri, query_id=query_id, planned_batches=planned, committed_batches=committed, conf=conf)
+    state = posixpath.join(root, "state")
+    for op in _child_names(fs, state, pafs.FileType.Directory):
+        if not _NUMBER.match(op):
+            continue  # _metadata, _stateSchema
+        for part in _child_names(fs, posixpath.join(state, op), pafs.FileType.Directory):
+            if not _NUMBER.match(part):
+                continue
+            part_dir = posixpath.join(state, op, part)
+            children = _child_names(fs, part_dir, pafs.FileType.Directory)
+            found = []
+            if MANIFEST_DIR in children or not any(_is_store(fs, posixpath.join(part_dir, c)) for c in children):
+                found.append((DEFAULT_STORE_NAME, _join(uri, "state", op, part)))
+            found += [
+                (c, _join(uri, "state", op, part, c)) for c in children if _is_store(fs, posixpath.join(part_dir, c))
+            ]
+            for name, store_uri in found:
+                remote = RemoteStore(store_uri)
+                foreign = None if remote.exists(MANIFEST_DIR) else describe_foreign_layout(remote)
+                ckpt.stores.append(StoreLocation(int(op), int(part), name, store_uri, foreign))
+    ckpt.stores.sort(key=lambda s: (s.operator_id, s.partition_id, s.store_name))
+    return ckpt
+
+
+def _is_store(fs: pafs.FileSystem, path: str) -> bool:
+    return MANIFEST_DIR in _child_names(fs, path, pafs.FileType.Directory)
+
+
+def manifest_versions(remote: RemoteStore) -> list[int]:
+    """The versions with a published manifest."""
+    return sorted(
+        {
+            v
+            for f in remote.list_files(MANIFEST_DIR)
+            if "/." not in f.path and (v := version_of_manifest(f.path)) is not None
+        }
+    )
+
+
+def read_manifest_file(remote: RemoteStore, version: int) -> Manifest:
+    rel = f"{MANIFEST_DIR}/{version}.json"
+    data = remote.read_bytes(rel, version=version).to_pybytes()
+    return Manifest.from_json(data, store=remote.uri, version=version, file=rel)
+
+
+class StoreReader:
+    """A store's backend opened for reading, as a worker would open it (its identity from its
+    manifests), with its scratch space in a temporary directory of its own. Local recovery is off,
+    so nothing on this host is read in place of the checkpoint's files, and no commit, lease or
+    maintenance is ever started: the checkpoint is only read."""
+
+    def __init__(
+        self,
+        location: StoreLocation,
+        scratch: str | None = None,
+        *,
+        retain: int | None = None,
+        grace_seconds: float = 600.0,
+    ) -> None:
+        """`retain` and `grace_seconds`: the query's minBatchesToRetain and orphanGraceSeconds, which
+        only planning garbage collection uses (default: every version is retained)."""
+        self.location = location
+        self.remote = RemoteStore(location.uri)
+        if location.foreign:
+            raise StoreConfigError(
+                f"this store holds state written by {location.foreign}, which pystatestore does not read",
+                store=location.uri,
+                advice='Read it with Spark: spark.read.format("statestore").load(checkpointLocation).',
+            )
+        versions = manifest_versions(self.remote)
+        if not versions:
+            raise CheckpointMissingError("the store has no manifests: nothing was committed", store=location.uri)
+        self.versions = versions
+        first = self._identity_manifest(versions)
+        if first.backend not in BACKENDS:
+            raise StoreConfigError(f"the store was written by an unknown backend {first.backend!r}", store=location.uri)
+        self._scratch = tempfile.TemporaryDirectory(prefix="pystatestore-read-", dir=scratch)
+        ctx = StoreContext(
+            store_dir=location.uri,
+            operator_id=int(first.store["operatorId"]),
+            partition_id=int(first.store["partitionId"]),
+            store_name=str(first.store["storeName"]),
+            key_schema=first.key_schema,
+            value_schema=first.value_schema,
+            min_versions_to_retain=retain if retain is not None else len(versions),
+            orphan_grace_seconds=grace_seconds,
+            local_dir=self._scratch.name,
+            options={"localRecovery": "false"},
+            key_encoding=first.key_encoding,
+            views_dir=self._scratch.name,
+        )
+        self.backend: StateBackend = BACKENDS[first.backend](ctx, self.remote)
+
+    def _identity_manifest(self, versions: list[int]) -> Manifest:
+        """A manifest that carries the schemas (snapshots and the first of a changelog chain do)."""
+        first: Manifest | None = None
+        for v in reversed(versions):
+            m = read_manifest_file(self.remote, v)
+            first = first or m
+            if m.key_schema:
+                return m
+        assert first is not None
+        return first
+
+    def manifest(self, version: int) -> Manifest:
+        return self.backend.read_manifest(version)
+
+    def schemas(self, version: int) -> tuple[str, str, str]:
+        """(key schema, value schema, key encoding) of `version`: from the nearest manifest of its
+        chain that records them, else from the store's other manifests."""
+        for m in self.backend.chain_back(self.manifest(version)):
+            if m.key_schema:
+                return m.key_schema, m.value_schema, m.key_encoding
+        ctx = self.backend.ctx
+        return ctx.key_schema, ctx.value_schema, ctx.key_encoding
+
+    def pairs(self, version: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) of `version`, in key order, restored into this reader's scratch space."""
+        import rocksdict
+
+        from . import frames
+
+        if self.backend.read_path == "frame":
+            result = self.backend.load(version)
+            assert result.frame is not None
+            yield from sorted(frames.buffer_to_state(result.frame).items())
+            return
+        view = Path(self._scratch.name) / f"view-{version}"
+        self.backend.load(version, str(view))
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(False)
+        db = rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
+        try:
+            yield from db.items()
+        finally:
+            db.close()
+
+    def close(self) -> None:
+        try:
+            self.backend.close()
+        finally:
+            self._scratch.cleanup()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,355 @@
+"""The `pystatestore` command: look inside a streaming checkpoint without Spark or a JVM.
+
+    pystatestore inspect CHECKPOINT [--batch N] [--json]
+    pystatestore verify CHECKPOINT [--deep] [--json]
+    pystatestore gc CHECKPOINT --dry-run [--min-batches-to-retain 100] [--grace-seconds 600] [--json]
+    pystatestore du CHECKPOINT [--json]
+    pystatestore read CHECKPOINT [--operator N] [--store-name S] [--batch N] [--key JSON] -o out.parquet|out.csv|-
+
+click parses the command line and rich draws tables and progress bars (plain text when the output
+is not a terminal, and no colours then or under NO_COLOR); `--json` prints machine-readable output.
+Everything shown comes from inspection.py, which scripts can call directly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import __version__
+from .checkpoint import SparkCheckpoint, open_checkpoint
+from .errors import StateStoreError
+from .inspection import (
+    KINDS,
+    disk_usage,
+    gc_dry_run,
+    inspect_checkpoint,
+    python_rows,
+    read_state,
+    tree_as_json,
+    unique_names,
+    verify_checkpoint,
+)
+from .service import DEFAULT_ORPHAN_GRACE_SECONDS
+
+# Lines are never broken inside a message (a path must stay one word); off a terminal, tables get
+# room for their columns rather than rich's default 80.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    """A progress callback drawing bars on stderr when it is a terminal; silent otherwise."""
+    if not enabled or not err.is_terminal:
+        yield lambda what, done, total: None
+        return
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bars.add_task(what, total=total or None)
+            bars.update(tasks[what], completed=done, total=total or None)
+
+        yield update
+
+
+def _open(checkpoint: str) -> SparkCheckpoint:
+    try:
+        return open_checkpoint(checkpoint)
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pystatestore")
+def main() -> None:
+    """Look inside a Spark streaming checkpoint written with pystatestore, without Spark or a JVM."""
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--batch", type=int, default=None, help="A committed batch (default: the last).")
+@click.option("--json", "as_json", is_flag=True, help="Print the metadata tree as JSON.")
+def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
+    """The checkpoint as a metadata tree: batch → operator → partition → store → manifest."""
+    ckpt = _open(checkpoint)
+    try:
+        with _progress(not as_json) as progress:
+            version, nodes = inspect_checkpoint(ckpt, batch, progress)
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    shown_batch = version - 1
+    if as_json:
+        click.echo(json.dumps(tree_as_json(ckpt, shown_batch, version, nodes), indent=2))
+        return
+    out.print(f"[bold]{ckpt.uri}[/bold]")
+    out.print(
+        f"query {ckpt.query_id}, provider {ckpt.provider or 'unknown'}, batches committed "
+        f"{_span(ckpt.committed_batches)}; batch {shown_batch} is state version {version}"
+    )
+    table = Table(show_lines=False)
+    for col in ("op", "part", "store", "kind", "keys", "files", "reused", "new", "changes", "chain"):
+        table.add_column(col, justify="left" if col in ("store", "kind") else "right", overflow="fold")
+    for n in nodes:
+        s, loc = n.summary, n.location
+        if s is None:
+            table.add_row(str(loc.operator_id), str(loc.partition_id), loc.store_name, "[red]problem[/red]")
+            continue
+        changes = "-"
+        if s.kind == "changelog":
+            changes = f"{s.changelog_rows} rows, {_size(s.changelog_bytes)}" + (" inline" if s.changelog_inline else "")
+        table.add_row(
+            str(loc.operator_id),
+            str(loc.partition_id),
+            loc.store_name,
+            s.kind,
+            f"{s.num_keys:,}",
+            f"{s.shared_files + s.private_files} + {s.inline_files} inline",
+            _size(s.reused_bytes),
+            _size(s.new_bytes + s.private_bytes),
+            changes,
+            str(s.chain_length),
+        )
+    out.print(table)
+    for n in nodes:
+        if n.problem:
+            out.print(f"[red]problem[/red] {n.location.label}: {n.problem}", soft_wrap=True)
+    written = [n.summary.created_at for n in nodes if n.summary]
+    if written:
+        out.print(f"written {_when(min(written))} .. {_when(max(written))}; --json for writers, ids and sizes")
+
+
+def _span(batches: list[int]) -> str:
+    return "none" if not batches else f"{batches[0]}..{batches[-1]}"
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--deep", is_flag=True, help="Also read every file and compare its checksum.")
+@click.option(
+    "--grace-seconds",
+    type=float,
+    default=DEFAULT_ORPHAN_GRACE_SECONDS,
+    show_default=True,
+    help="Unreferenced files younger than this may belong to a commit in progress.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(checkpoint: str, deep: bool, grace_seconds: float, as_json: bool) -> None:
+    """Check that the checkpoint can be restored. Exit status 0 only when it can."""
+    ckpt = _open(checkpoint)
+    with _progress(not as_json) as progress:
+        report = verify_checkpoint(ckpt, deep=deep, grace_seconds=grace_seconds, progress=progress)
+    if as_json:
+        doc = {
+            "checkpoint": ckpt.uri,
+            "restorable": report.restorable,
+            "stores": report.stores,
+            "manifests": report.manifests,
+            "files": report.files,
+            "bytes_checksummed": report.bytes_checked,
+            "problems": [p.__dict__ for p in report.problems],
+            "unreferenced": report.unreferenced,
+            "unreferenced_young": report.young_unreferenced,
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for p in report.problems:
+            out.print(f"[red]PROBLEM[/red] {p}", soft_wrap=True)
+        for f in report.unreferenced:
+            out.print(f"[yellow]unreferenced[/yellow] {f} (maintenance deletes it)", soft_wrap=True)
+        for f in report.young_unreferenced:
+            out.print(f"unreferenced, recent {f} (a commit in progress?)", soft_wrap=True)
+        checked = f"{report.stores} stores, {report.manifests} manifests, {report.files} files"
+        checked += f" ({_size(report.bytes_checked)} checksummed)" if deep else " (sizes; --deep for checksums)"
+        if report.restorable:
+            out.print(f"[green]OK[/green]: {checked}; the checkpoint can be restored")
+        else:
+            out.print(f"[red]FAILED[/red]: {len(report.problems)} problems in {checked}")
+    sys.exit(0 if report.restorable else 1)
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--dry-run", is_flag=True, required=True, help="List what maintenance would delete (required).")
+@click.option(
+    "--min-batches-to-retain",
+    type=int,
+    default=100,
+    show_default=True,
+    help="The query's spark.sql.streaming.minBatchesToRetain.",
+)
+@click.option(
+    "--grace-seconds",
+    type=float,
+    default=DEFAULT_ORPHAN_GRACE_SECONDS,
+    show_default=True,
+    help="The query's spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def gc(checkpoint: str, dry_run: bool, min_batches_to_retain: int, grace_seconds: float, as_json: bool) -> None:
+    """What the next maintenance run would delete, and why. Deletes nothing: the running query's
+    maintenance does that."""
+    ckpt = _open(checkpoint)
+    try:
+        with _progress(not as_json) as progress:
+            doomed = gc_dry_run(
+                ckpt, min_batches_to_retain=min_batches_to_retain, grace_seconds=grace_seconds, progress=progress
+            )
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps([d.__dict__ for d in doomed], indent=2))
+        return
+    for d in doomed:
+        out.print(f"{d.store}/{d.path} ({_size(d.size)}): {d.reason}", soft_wrap=True)
+    out.print(f"maintenance would delete {len(doomed)} files, {_size(sum(d.size for d in doomed))}")
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--json", "as_json", is_flag=True, help="Print the usage as JSON.")
+def du(checkpoint: str, as_json: bool) -> None:
+    """Bytes and files by operator, partition, store and kind."""
+    ckpt = _open(checkpoint)
+    with _progress(not as_json) as progress:
+        usage = disk_usage(ckpt, progress)
+    if as_json:
+        click.echo(json.dumps([{**u.__dict__, "total_bytes": u.total_bytes} for u in usage], indent=2))
+        return
+    table = Table()
+    for col in ("op", "part", "store", *KINDS, "total"):
+        table.add_column(col, justify="left" if col == "store" else "right")
+    totals = dict.fromkeys(KINDS, 0)
+    for u in usage:
+        for k in KINDS:
+            totals[k] += u.bytes[k]
+        table.add_row(
+            str(u.operator_id),
+            str(u.partition_id),
+            u.store_name,
+            *(f"{_size(u.bytes[k])} / {u.files[k]}" if u.files[k] else "-" for k in KINDS),
+            _size(u.total_bytes),
+        )
+    table.add_row("", "", "[bold]all[/bold]", *(_size(totals[k]) for k in KINDS), _size(sum(totals.values())))
+    out.print(table)
+    out.print("cells: bytes / files")
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--operator", type=int, default=0, show_default=True)
+@click.option("--store-name", default="default", show_default=True, help="Joins: left-keyToNumValues, ...")
+@click.option("--batch", type=int, default=None, help="A committed batch (default: the last).")
+@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@click.option("--key", "keys", multiple=True, help="Only the row with this key, as JSON: --key '{\"id\": 7}'.")
+@click.option("-o", "--output", required=True, help="out.parquet, out.csv, or - for JSON lines on stdout.")
+def read(
+    checkpoint: str,
+    operator: int,
+    store_name: str,
+    batch: int | None,
+    partitions: tuple[int, ...],
+    keys: tuple[str, ...],
+    output: str,
+) -> None:
+    """The state rows of a committed batch, decoded from Spark's UnsafeRow format."""
+    ckpt = _open(checkpoint)
+    try:
+        wanted = [json.loads(k) for k in keys] or None
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--key") from None
+    if wanted is not None and not all(isinstance(k, dict) for k in wanted):
+        raise click.BadParameter('a key is a JSON object of key fields, e.g. {"id": 7}', param_hint="--key")
+    try:
+        with _progress(output != "-") as progress:
+            table = read_state(
+                ckpt,
+                operator=operator,
+                store_name=store_name,
+                batch=batch,
+                partitions=partitions or None,
+                keys=wanted,
+                progress=progress,
+            )
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    if output == "-":
+        for row in python_rows(table):
+            click.echo(json.dumps(row, default=_json_value))
+        return
+    path = Path(output)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    elif path.suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(_flat_for_csv(table), path)
+    else:
+        raise click.BadParameter("write .parquet, .csv, or - (JSON lines on stdout)", param_hint="--output")
+    err.print(f"{table.num_rows} rows written to {path}")
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, (dt.date, dt.datetime)):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
+
+
+def _flat_for_csv(table: Any) -> Any:
+    """Struct columns become key.a, key.b, ... (repeated names numbered, as `read -o -` shows them);
+    lists and maps become JSON text (CSV has no nesting)."""
+    import pyarrow as pa
+
+    def unique(arr: pa.Array) -> pa.Array:
+        if not pa.types.is_struct(arr.type):
+            return arr
+        children = [unique(arr.field(i)) for i in range(arr.type.num_fields)]
+        names = unique_names([f.name for f in arr.type])
+        return pa.StructArray.from_arrays(children, names=names, mask=arr.is_null())
+
+    table = pa.table({n: unique(c.combine_chunks()) for n, c in zip(table.column_names, table.columns, strict=True)})
+    while any(pa.types.is_struct(f.type) for f in table.schema):
+        table = table.flatten()
+    columns = {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        t = col.type
+        if pa.types.is_list(t) or pa.types.is_map(t) or pa.types.is_large_list(t):
+            col = pa.array([None if v is None else json.dumps(v, default=_json_value) for v in col.to_pylist()])
+        columns[name] = col
+    return pa.table(columns)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""The `pystatestore` command and the API under it, on checkpoints of real queries: `read` equals
+`spark.read.format("statestore")` row for row (nested, null, decimal, date, timestamp, binary, map
+and array values included), `--key` finds the row Spark's reader shows, `verify` passes healthy
+checkpoints and names each kind of damage, and `gc --dry-run` lists what maintenance deletes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from pystatestore.checkpoint import StoreReader, open_checkpoint
+from pystatestore.cli import main
+from pystatestore.inspection import gc_dry_run, python_rows, read_state, unique_names, verify_checkpoint
+from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
+from test_e2e import dedup, pandas_sessions
+
+pytestmark = pytest.mark.spark
+CONF = "spark.sql.streaming.stateStore.pystatestore."
+
+
+def typed_aggregation(df: DataFrame) -> DataFrame:
+    """State keys and values of many types: strings, dates, booleans; long decimals (sum of a
+    decimal(24,3)), timestamps, shorts, floats, binary, and `first` of a nested struct with nulls,
+    an array with a null element and a map."""
+    nested = F.struct(
+        F.col("id").alias("id"),
+        F.when(F.col("value") > 50, F.col("key")).alias("maybe"),
+        F.array(F.col("value"), F.lit(None).cast("long")).alias("arr"),
+        F.struct(F.to_date("ts").alias("d"), F.lit(None).cast("double").alias("nothing")).alias("inner"),
+    )
+    return (
+        df.withColumn("even", F.col("value") % 2 == 0)
+        .groupBy("key", F.to_date("ts").alias("day"), "even")
+        .agg(
+            F.count("*").alias("n"),
+            F.sum((F.col("value") * 1000003).cast("decimal(24,3)")).alias("big"),
+            F.avg("value").alias("mean"),
+            F.max("ts").alias("last_ts"),
+            F.min(F.col("value").cast("short")).alias("small"),
+            F.first(F.col("value").cast("float")).alias("f"),
+            F.max(F.col("key").cast("binary")).alias("bin"),
+            F.first(nested).alias("nested"),
+            F.first(F.create_map(F.col("key"), F.col("value").cast("double"))).alias("m"),
+            F.first(F.lit(None).cast("string")).alias("always_null"),
+        )
+    )
+
+
+QUERIES = {
+    "typed": (typed_aggregation, "update", "changelog"),
+    "dedup": (dedup, "append", "snapshot"),
+    "pandas": (pandas_sessions, "update", "changelog"),
+}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = start_session(
+        "local[2]",
+        **{"spark.sql.session.timeZone": "UTC", "spark.sql.streaming.minBatchesToRetain": "3"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One checkpoint per query, written by our provider over 5 input files (5 batches)."""
+    base = tmp_path_factory.mktemp("cli")
+    out = {}
+    for name, (build, mode, commit_mode) in QUERIES.items():
+        spark.conf.set(CONF + "commitMode", commit_mode)
+        input_dir, ckpt = base / f"in-{name}", base / f"ckpt-{name}"
+        write_input_files(input_dir, 0, 5)
+        run_phase(
+            spark, build, provider=OUR_PROVIDER, input_dir=input_dir, checkpoint=ckpt, output_mode=mode, results={}
+        )
+        out[name] = ckpt
+    spark.conf.unset(CONF + "commitMode")
+    return out
+
+
+def normal(v: Any) -> Any:
+    """One form for what Spark's collect() and Arrow give: timestamps in UTC, binary as bytes."""
+    if isinstance(v, Row):  # Spark's struct values, named as python_rows names them (sum, sum#2)
+        return {n: normal(x) for n, x in zip(unique_names(v.__fields__), v, strict=True)}
+    if isinstance(v, dict):
+        return {k: normal(x) for k, x in v.items()}
+    if isinstance(v, list) and v and all(isinstance(x, tuple) for x in v):  # a map, as pairs
+        return {normal(k): normal(x) for k, x in v}
+    if isinstance(v, list):
+        return [normal(x) for x in v]
+    if isinstance(v, dt.datetime):
+        aware = v if v.tzinfo is not None else v.astimezone()
+        return aware.astimezone(dt.timezone.utc)
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, decimal.Decimal):
+        return v.normalize()
+    return v
+
+
+def spark_rows(spark: SparkSession, ckpt: Path, **options: Any) -> list[tuple]:
+    reader = spark.read.format("statestore")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    out = []
+    for r in reader.load(str(ckpt)).select("key", "value", "partition_id").collect():
+        out.append((normal(r["key"]), normal(r["value"]), r["partition_id"]))
+    return sorted(out, key=repr)
+
+
+def our_rows(ckpt: Path, **kwargs: Any) -> list[tuple]:
+    table = read_state(open_checkpoint(str(ckpt)), **kwargs)
+    rows = python_rows(table)
+    return sorted(((normal(r["key"]), normal(r["value"]), r["partition_id"]) for r in rows), key=repr)
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES))
+def test_read_equals_sparks_state_reader(spark: SparkSession, checkpoints: dict[str, Path], query: str) -> None:
+    ckpt = checkpoints[query]
+    theirs = spark_rows(spark, ckpt)
+    ours = our_rows(ckpt)
+    assert theirs, "the query left no state to compare"
+    assert ours == theirs
+    if query == "typed":  # the rows hold what the test means to cover (buffers: first#2 is `nested`)
+        values = [v for _, v, _ in ours]
+        assert any(v["first#2"]["maybe"] is None for v in values) and any(v["first#2"]["maybe"] for v in values)
+        assert all(v["first#4"] is None and v["first#2"]["arr"][1] is None for v in values)
+        assert all(isinstance(v["sum"], decimal.Decimal) and v["first#3"] for v in values)
+
+
+def test_read_an_earlier_batch_and_one_partition(spark: SparkSession, checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["typed"]
+    theirs = [r for r in spark_rows(spark, ckpt, batchId=2) if r[2] == 1]
+    assert theirs
+    assert our_rows(ckpt, batch=2, partitions=[1]) == theirs
+
+
+def test_key_lookup_finds_the_row_sparks_reader_shows(spark: SparkSession, checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["pandas"]
+    theirs = spark_rows(spark, ckpt)
+    key, value, partition = theirs[len(theirs) // 2]
+    done = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps(key), "-o", "-"])
+    assert done.exit_code == 0, done.output
+    lines = [json.loads(line) for line in done.output.splitlines()]
+    assert lines == [{"key": key, "value": value, "partition_id": partition}]
+    none = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps({"key": "no-such-key"}), "-o", "-"])
+    assert none.exit_code == 0 and none.output == ""
+
+
+def test_read_writes_parquet_and_csv(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = checkpoints["typed"]
+    runner = CliRunner()
+    assert runner.invoke(main, ["read", str(ckpt), "-o", str(tmp_path / "s.parquet")]).exit_code == 0
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert table.column_names == ["key", "value", "partition_id"]
+    assert table.equals(read_state(open_checkpoint(str(ckpt))))
+    done = runner.invoke(main, ["read", str(ckpt), "-o", str(tmp_path / "s.csv")])
+    assert done.exit_code == 0, done.output
+    header = (tmp_path / "s.csv").read_text().splitlines()[0]
+    assert '"key.key"' in header and '"value.first#2.inner.d"' in header and '"value.first#3"' in header
+
+
+def test_inspect_shows_the_metadata_tree(checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["typed"]
+    done = CliRunner().invoke(main, ["inspect", str(ckpt), "--json"])
+    assert done.exit_code == 0, done.output
+    tree = json.loads(done.output)
+    assert tree["batch"] == 4 and tree["version"] == 5
+    stores = [s for op in tree["operators"] for p in op["partitions"] for s in p["stores"]]
+    assert len(stores) == 3 and all(s["manifest"]["kind"] == "changelog" for s in stores)
+    assert sum(s["manifest"]["num_keys"] for s in stores) == len(read_state(open_checkpoint(str(ckpt))))
+    table = CliRunner().invoke(main, ["inspect", str(ckpt), "--batch", "1"])
+    assert table.exit_code == 0 and "batch 1 is state version 2" in table.output
+    missing = CliRunner().invoke(main, ["inspect", str(ckpt), "--batch", "99"])
+    assert missing.exit_code == 1 and "batch 99 is not in the commit log" in missing.output
+
+
+def damage(ckpt: Path, how: str) -> str:
+    """Damages one file of partition 0's store of `ckpt` the way `how` says; returns its path."""
+    store = ckpt / "state" / "0" / "0"
+    last = max((store / "manifests").glob("*.json"), key=lambda p: int(p.stem))
+    if how in ("missing", "truncated", "flipped"):
+        doc = json.loads(last.read_text())
+        victim = store / sorted(r["path"] for r in doc["shared"].values() if "path" in r)[0]
+        if how == "missing":
+            victim.unlink()
+        elif how == "truncated":
+            victim.write_bytes(victim.read_bytes()[:-7])
+        else:
+            data = bytearray(victim.read_bytes())
+            data[len(data) // 2] ^= 0x10
+            victim.write_bytes(bytes(data))
+        return str(victim.relative_to(store))
+    if how == "bad-manifest":
+        last.write_text(last.read_text()[:-20])
+    else:  # tampered path: a shared file's path points outside the store
+        doc = json.loads(last.read_text())
+        name = next(iter(n for n, r in doc["shared"].items() if "path" in r))
+        doc["shared"][name]["path"] = "../../../../etc/passwd"
+        last.write_text(json.dumps(doc))
+    return str(last.relative_to(store))
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "flipped", "bad-manifest", "tampered-path"])
+def test_verify_names_each_kind_of_damage(checkpoints: dict[str, Path], tmp_path: Path, how: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["dedup"], ckpt)  # snapshot commits: every version lists its files
+    healthy = CliRunner().invoke(main, ["verify", str(ckpt), "--deep"])
+    assert healthy.exit_code == 0 and "the checkpoint can be restored" in healthy.output, healthy.output
+    victim = damage(ckpt, how)
+    args = ["verify", str(ckpt), "--json"] + (["--deep"] if how == "flipped" else [])
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 1, done.output
+    report = json.loads(done.output)
+    assert not report["restorable"]
+    assert any(victim in (p["file"] or "") and p["store"].endswith("state/0/0") for p in report["problems"]), report
+    if how == "flipped":  # without --deep, sizes match: only the checksum tells
+        assert CliRunner().invoke(main, ["verify", str(ckpt)]).exit_code == 0
+
+
+def test_verify_lists_unreferenced_files(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["dedup"], ckpt)
+    stray = ckpt / "state" / "0" / "1" / "shared" / "0123456789abcdef0123456789abcdef-000999.sst"
+    stray.write_bytes(b"x" * 10)
+    report = verify_checkpoint(open_checkpoint(str(ckpt)), grace_seconds=3600)
+    assert report.restorable and report.young_unreferenced == [f"file:{stray}"] and report.unreferenced == []
+    old = time.time() - 7200
+    os.utime(stray, (old, old))
+    report = verify_checkpoint(open_checkpoint(str(ckpt)), grace_seconds=3600)
+    assert report.unreferenced == [f"file:{stray}"]
+
+
+def test_gc_dry_run_lists_exactly_what_maintenance_deletes(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["dedup"], ckpt)
+    before = {p for p in ckpt.rglob("*") if p.is_file()}
+    now = time.time() + 3600  # past the grace: unreferenced files go too
+    planned = gc_dry_run(open_checkpoint(str(ckpt)), min_batches_to_retain=2, grace_seconds=600, now=now)
+    assert {p for p in ckpt.rglob("*") if p.is_file()} == before, "a dry run deleted something"
+    assert planned, "nothing to collect: the test would prove nothing"
+    for location in open_checkpoint(str(ckpt)).stores:  # what a worker's maintenance does to each
+        with StoreReader(location, retain=2, grace_seconds=600) as reader:
+            reader.backend.maintenance(now=now)
+    deleted = {str(p) for p in before if not p.exists()}
+    assert deleted == {f"{d.store.removeprefix('file:')}/{d.path}" for d in planned}
+    shown = CliRunner().invoke(main, ["gc", str(checkpoints["dedup"]), "--dry-run", "--min-batches-to-retain", "2"])
+    assert shown.exit_code == 0 and "maintenance would delete" in shown.output
+
+
+def test_du_counts_every_file_of_every_store(checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["typed"]
+    done = CliRunner().invoke(main, ["du", str(ckpt), "--json"])
+    assert done.exit_code == 0, done.output
+    usage = json.loads(done.output)
+    on_disk = [p for p in (ckpt / "state").rglob("*") if p.is_file() and "/_" not in str(p.relative_to(ckpt))]
+    assert sum(u["total_bytes"] for u in usage) == sum(p.stat().st_size for p in on_disk)
+
+
+def test_a_checkpoint_that_is_not_one_gets_a_clear_error(tmp_path: Path) -> None:
+    done = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert done.exit_code == 1 and "not a Spark streaming checkpoint" in done.output
+    done = CliRunner().invoke(main, ["verify", str(tmp_path / "nowhere")])
+    assert done.exit_code == 1 and "no checkpoint directory" in done.output
