@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v gradle >/dev/null 2>&1 || missing+=(gradle)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the report test opens the HTML report headless
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} from Debian"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

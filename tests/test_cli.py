@@ -9,7 +9,9 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,6 +185,7 @@ def test_inspect_shows_the_metadata_tree(checkpoints: dict[str, Path]) -> None:
     assert tree["batch"] == 4 and tree["version"] == 5
     stores = [s for op in tree["operators"] for p in op["partitions"] for s in p["stores"]]
     assert len(stores) == 3 and all(s["manifest"]["kind"] == "changelog" for s in stores)
+    assert all(s["manifest"]["commit_ms"].keys() >= {"applyMs", "flushMs", "uploadMs"} for s in stores)
     assert sum(s["manifest"]["num_keys"] for s in stores) == len(read_state(open_checkpoint(str(ckpt))))
     table = CliRunner().invoke(main, ["inspect", str(ckpt), "--batch", "1"])
     assert table.exit_code == 0 and "batch 1 is state version 2" in table.output
@@ -277,3 +280,47 @@ def test_a_checkpoint_that_is_not_one_gets_a_clear_error(tmp_path: Path) -> None
     assert done.exit_code == 1 and "not a Spark streaming checkpoint" in done.output
     done = CliRunner().invoke(main, ["verify", str(tmp_path / "nowhere")])
     assert done.exit_code == 1 and "no checkpoint directory" in done.output
+
+
+def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """Loads `page` in headless Chromium (Debian's, which setup installs); returns the DOM after
+    its scripts ran and the page's console messages."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Chromium is missing: scripts/setup.sh installs Debian's chromium package"
+    done = subprocess.run(
+        [
+            chromium,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    return done.stdout, console
+
+
+def test_the_report_opens_offline_without_console_errors(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    done = CliRunner().invoke(main, ["report", str(checkpoints["typed"]), "-o", str(page)])
+    assert done.exit_code == 0, done.output
+    text = page.read_text()
+    assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']?(https?:)?//", text), "the report loads from the network"
+    assert "restorable" in text and "Commit time split" in text
+    dom, console = open_in_chromium(page, tmp_path)
+    assert console == [], console
+    assert dom.count('class="main-svg"') >= 4, "the plots were not drawn"
+    # The check can fail: a page whose script throws is caught.
+    broken = tmp_path / "broken.html"
+    broken.write_text(text.replace("</body>", "<script>undefinedFunction()</script></body>"))
+    assert any("undefinedFunction" in line for line in open_in_chromium(broken, tmp_path)[1])

@@ -5,6 +5,7 @@
     pystatestore gc CHECKPOINT --dry-run [--min-batches-to-retain 100] [--grace-seconds 600] [--json]
     pystatestore du CHECKPOINT [--json]
     pystatestore read CHECKPOINT [--operator N] [--store-name S] [--batch N] [--key JSON] -o out.parquet|out.csv|-
+    pystatestore report CHECKPOINT -o report.html [--deep]
 
 click parses the command line and rich draws tables and progress bars (plain text when the output
 is not a terminal, and no colours then or under NO_COLOR); `--json` prints machine-readable output.
@@ -315,6 +316,22 @@ def read(
     else:
         raise click.BadParameter("write .parquet, .csv, or - (JSON lines on stdout)", param_hint="--output")
     err.print(f"{table.num_rows} rows written to {path}")
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("-o", "--output", required=True, help="The HTML file to write.")
+@click.option("--deep", is_flag=True, help="Verify checksums too.")
+def report(checkpoint: str, output: str, deep: bool) -> None:
+    """One self-contained HTML file: sizes, uploads, commit times and skew per version, and the
+    verify summary. Works offline (nothing is loaded from the network)."""
+    from .report import write_report
+
+    ckpt = _open(checkpoint)
+    with _progress(True) as progress:
+        verify_report = write_report(ckpt, Path(output), deep=deep, progress=progress)
+    state = "restorable" if verify_report.restorable else f"NOT restorable ({len(verify_report.problems)} problems)"
+    err.print(f"report written to {output}; the checkpoint is {state}")
 
 
 def _json_value(v: Any) -> Any:

@@ -61,6 +61,7 @@ class VersionSummary:
     created_at: float
     writer: dict[str, Any]
     manifest_id: str
+    commit_ms: dict[str, int] = field(default_factory=dict)  # empty for manifests of older releases
 
     @property
     def uploaded_bytes(self) -> int:
@@ -100,6 +101,7 @@ def summarize(m: Manifest, previous: Manifest | None, manifest_bytes: int, chain
         created_at=m.created_at,
         writer=dict(m.writer),
         manifest_id=m.manifest_id,
+        commit_ms=dict(m.commit_ms),
     )
 
 
@@ -124,6 +126,44 @@ def store_history(reader: StoreReader, versions: Iterable[int] | None = None) ->
             previous = cache.get(v - 1)
         yield summarize(m, previous, sizes.get(manifest_path(v), 0), chain)
         previous = m
+
+
+@dataclass
+class StoreVersion:
+    """One retained version of one store, with what restoring it reads from the checkpoint."""
+
+    location: StoreLocation
+    summary: VersionSummary
+    restore_bytes: int  # every file the version's chain needs, its manifests included
+    restore_files: int
+
+
+def checkpoint_history(ckpt: SparkCheckpoint, progress: Progress = _no_progress) -> list[StoreVersion]:
+    """Every retained version of every store (what the report plots)."""
+    out: list[StoreVersion] = []
+    now = time.time()
+    for i, loc in enumerate(ckpt.stores):
+        progress("reading store histories", i, len(ckpt.stores))
+        if loc.foreign:
+            continue
+        try:
+            with StoreReader(loc) as reader:
+                listing = {f.path: f for kind in KINDS for f in reader.remote.list_files(kind)}
+                snapshots = {
+                    key: f for p, f in listing.items() if p.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(p))
+                }
+                cache: dict[int, Manifest] = {}
+                for summary in store_history(reader):
+                    m = cache.get(summary.version) or reader.manifest(summary.version)
+                    cache[summary.version] = m
+                    needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
+                    needed.add(manifest_path(m.version))
+                    sizes = [listing[p].size for p in needed if p in listing]
+                    out.append(StoreVersion(loc, summary, sum(sizes), len(sizes)))
+        except StateStoreError:
+            continue  # verify names what is wrong; the history shows what can be read
+    progress("reading store histories", len(ckpt.stores), len(ckpt.stores))
+    return out
 
 
 def inspect_checkpoint(
@@ -576,6 +616,8 @@ def _python_values(arr: pa.Array) -> list[Any]:
 
 __all__ = [
     "Deletion",
+    "StoreVersion",
+    "checkpoint_history",
     "Problem",
     "StoreNode",
     "Usage",

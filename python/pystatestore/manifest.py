@@ -152,6 +152,9 @@ class Manifest:
     # changelog manifests: the attempt at `base_version` the changes apply to ("" for version 0)
     parent_manifest_id: str = ""
     changes: ChangesRef | None = None
+    # How long the commit's steps took (ms: applyMs, flushMs, checkpointMs, uploadMs, restoreMs), for
+    # the tools' report; diagnostics only, and left out when empty.
+    commit_ms: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_changelog(self) -> bool:
@@ -168,6 +171,8 @@ class Manifest:
         """Compact JSON: a changelog commit of a few rows writes a few hundred bytes, and the
         manifest is all it writes."""
         doc = {k: v for k, v in asdict(self).items() if k not in ("shared", "private", "changes")}
+        if not self.commit_ms:
+            del doc["commit_ms"]
         for kind in ("shared", "private"):
             refs: dict[str, FileRef] = getattr(self, kind)
             if refs or not self.is_changelog:
@@ -251,6 +256,7 @@ class Manifest:
                 kind=str(kind),
                 parent_manifest_id=str(doc.get("parent_manifest_id", "")),
                 changes=ChangesRef(int(changes["rows"]), ref_of(changes)) if changes is not None else None,
+                commit_ms={str(k): int(v) for k, v in (doc.get("commit_ms") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise damaged(f"missing or malformed field: {e!r}") from None

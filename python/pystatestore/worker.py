@@ -45,6 +45,7 @@ class _Unused(importlib.abc.MetaPathFinder):
 def main() -> int:
     sys.meta_path.insert(0, _Unused())
     from .service import StoreService  # imports pyarrow: only once the finder is in place
+
     logging.basicConfig(
         level=os.environ.get("PYSTATESTORE_LOG_LEVEL", "INFO"),
         stream=sys.stderr,

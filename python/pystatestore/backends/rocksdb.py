@@ -118,6 +118,10 @@ def _block_cache() -> rocksdict.Cache:
         return _shared_cache
 
 
+# The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them).
+_TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
+
+
 def _ms(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
 
@@ -778,6 +782,7 @@ class RocksDBBackend(StateBackend):
             metrics["uploadMs"] = _ms(t)
             self._fault_point("commit:uploaded")
             t = time.perf_counter()
+            manifest.commit_ms = {k: v for k in _TIMED_STEPS if (v := metrics.get(k)) is not None}
             body = manifest.to_json()
             lease.check_before_publish()
             if lease.base_version is not None and base is not None:
