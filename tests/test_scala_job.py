@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jvm_support import ROOT, compile_test_jar, python_path_for_worker, run_spark_submit
-from spark_support import HDFS_PROVIDER, MASTERS, OUR_PROVIDER, write_input_files
+from spark_support import HDFS_PROVIDER, MASTERS, OUR_PROVIDER, start_session, write_input_files
 
 pytestmark = pytest.mark.spark
 
@@ -66,3 +66,18 @@ def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Pa
     assert len(expected) >= 6
     assert "true" in "".join(expected.values()), "no session expired: the test would not cover timeouts"
     assert actual == expected
+    if master == "local[2]":
+        state_reader_agrees_with_sparks(tmp_path / "ckpt-PythonStateStoreProvider")
+
+
+def state_reader_agrees_with_sparks(checkpoint: Path) -> None:
+    """`pystatestore read` on the Scala job's checkpoint (a case class as flatMapGroupsWithState's
+    state: a nested struct with its timeout) equals `spark.read.format("statestore")`."""
+    from test_cli import our_rows, spark_rows
+
+    spark = start_session("local[2]", **{"spark.sql.session.timeZone": "UTC"})
+    try:
+        theirs = spark_rows(spark, checkpoint)
+    finally:
+        spark.stop()
+    assert theirs and our_rows(checkpoint) == theirs

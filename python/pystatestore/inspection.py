@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,7 @@ from .errors import StateStoreError
 from .manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
 from .remote import RemoteFile
 from .retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
-from .unsafe_row import StateRowDecoder
+from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
 Progress = Callable[[str, int, int], None]
@@ -525,16 +526,36 @@ def read_state(
     for i, loc in enumerate(locations):
         progress("reading state", i, len(locations))
         with StoreReader(loc) as reader:
-            decoder = StateRowDecoder(*reader.schemas(version))
+            try:
+                decoder = StateRowDecoder(*reader.schemas(version))
+            except SchemaError as e:
+                raise StateStoreError(
+                    f"the state cannot be decoded without Spark: {e}",
+                    store=loc.uri,
+                    version=version,
+                    file=manifest_path(version),
+                    advice='Read it with spark.read.format("statestore"). Nothing was changed.',
+                ) from None
             schema = decoder.arrow_schema()
             rows_k, rows_v = [], []
             names = decoder.key_names
             for k, v in reader.pairs(version):
-                key = decoder.key(k)
-                if keys is not None and not _matches(dict(zip(names, key, strict=True)), keys):
-                    continue
+                try:
+                    key = decoder.key(k)
+                    if keys is not None and not _matches(dict(zip(names, key, strict=True)), keys):
+                        continue
+                    value = decoder.value(v)
+                except (RowDecodeError, struct.error) as e:
+                    raise StateStoreError(
+                        f"a state row does not decode with the schemas the manifests record ({e}; key {k[:32].hex()})",
+                        store=loc.uri,
+                        version=version,
+                        file=manifest_path(version),
+                        advice="The state was written with other schemas than the manifests say; nothing was changed. "
+                        'Read it with spark.read.format("statestore").',
+                    ) from None
                 rows_k.append(key)
-                rows_v.append(decoder.value(v))
+                rows_v.append(value)
             tables.append(
                 pa.table(
                     {

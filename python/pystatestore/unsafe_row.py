@@ -22,7 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import StoreConfigError
 from .manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
@@ -51,7 +50,11 @@ _FIXED = {
 }
 
 
-class UnsupportedTypeError(StoreConfigError):
+class SchemaError(ValueError):
+    """A schema this decoder cannot use (the caller names the store and version)."""
+
+
+class UnsupportedTypeError(SchemaError):
     """A schema holds a type this decoder does not read."""
 
 
@@ -159,10 +162,10 @@ def parse_schema(schema_json: str) -> SparkType:
     try:
         doc = json.loads(schema_json)
     except json.JSONDecodeError as e:
-        raise StoreConfigError(f"the schema {schema_json[:200]!r} is not Spark schema JSON ({e})") from None
+        raise SchemaError(f"the schema {schema_json[:200]!r} is not Spark schema JSON ({e})") from None
     t = parse_type(doc)
     if t.name != "struct":
-        raise StoreConfigError(f"a state schema must be a struct, not {schema_json[:200]}")
+        raise SchemaError(f"a state schema must be a struct, not {schema_json[:200]}")
     return t
 
 
@@ -291,7 +294,7 @@ def key_row_bytes(key: bytes, key_encoding: str) -> memoryview:
         if 4 + prefix > len(buf):
             raise RowDecodeError(f"a prefix-encoded key of {len(buf)} bytes says its prefix takes {prefix}")
         return buf[4 + prefix :]
-    raise StoreConfigError(f"unknown key encoding {key_encoding!r}")
+    raise SchemaError(f"unknown key encoding {key_encoding!r}")
 
 
 class StateRowDecoder:
