@@ -63,6 +63,11 @@ class SparkCheckpoint:
         return self.committed_batches[-1] if self.committed_batches else None
 
     @property
+    def committed_span(self) -> str:
+        """The committed batches as `first..last` (or `none`)."""
+        return _ranges(self.committed_batches)
+
+    @property
     def provider(self) -> str | None:
         return self.conf.get("spark.sql.streaming.stateStore.providerClass")
 

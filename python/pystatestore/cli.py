@@ -112,7 +112,7 @@ def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
     out.print(f"[bold]{ckpt.uri}[/bold]")
     out.print(
         f"query {ckpt.query_id}, provider {ckpt.provider or 'unknown'}, batches committed "
-        f"{_span(ckpt.committed_batches)}; batch {shown_batch} is state version {version}"
+        f"{ckpt.committed_span}; batch {shown_batch} is state version {version}"
     )
     table = Table(show_lines=False)
     for col in ("op", "part", "store", "kind", "keys", "files", "reused", "new", "changes", "chain"):
@@ -144,10 +144,6 @@ def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
     written = [n.summary.created_at for n in nodes if n.summary]
     if written:
         out.print(f"written {_when(min(written))} .. {_when(max(written))}; --json for writers, ids and sizes")
-
-
-def _span(batches: list[int]) -> str:
-    return "none" if not batches else f"{batches[0]}..{batches[-1]}"
 
 
 @main.command()

@@ -138,7 +138,7 @@ code {{ background: #f4f4f4; padding: 0 .2em; }}
 </style></head><body>
 <h1>Checkpoint report</h1>
 <p><code>{e(ckpt.uri)}</code><br>query {e(str(ckpt.query_id))}, provider {e(str(ckpt.provider))},
-batches committed {e(_span(ckpt.committed_batches))}, {stores} stores; made {made}</p>
+batches committed {e(ckpt.committed_span)}, {stores} stores; made {made}</p>
 <h2>Verify</h2>
 <p class="{"ok" if verify.restorable else "bad"}">{e(status)}: {verify.stores} stores, {verify.manifests}
 manifests, {verify.files} files checked ({"sizes and checksums" if deep else "sizes"}).</p>
@@ -148,10 +148,6 @@ manifests, {verify.files} files checked ({"sizes and checksums" if deep else "si
 {"".join(f'<div class="plot">{p}</div>' for p in plots)}
 </body></html>
 """
-
-
-def _span(batches: list[int]) -> str:
-    return "none" if not batches else f"{batches[0]}..{batches[-1]}"
 
 
 def write_report(
