@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 import pystatestore
@@ -22,10 +23,21 @@ MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
 INPUT_SCHEMA = "id long, key string, value long, ts timestamp"
 
 
+# Confs earlier sessions of this process set. PySpark launches its JVM once, with the first
+# session's confs as Java system properties, and every later SparkConf starts from those: without
+# clearing them, one session's confs (a fault rule, localRecovery=false, a tiny GC grace) would
+# silently apply to every later session that does not set them itself.
+_CONFS_SET: set[str] = set()
+
+
 def start_session(master: str, app: str = "pystatestore-tests", **conf: str) -> SparkSession:
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
+    jvm = SparkContext._jvm
+    if jvm is not None:
+        for key in _CONFS_SET:
+            jvm.java.lang.System.clearProperty(key)
     builder = (
         SparkSession.builder.master(master)
         .appName(app)
@@ -40,7 +52,9 @@ def start_session(master: str, app: str = "pystatestore-tests", **conf: str) -> 
         builder = builder.config("spark.executor.memory", "768m")
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = pystatestore.configure_spark(builder).getOrCreate()
+    builder = pystatestore.configure_spark(builder)
+    _CONFS_SET.update(builder._options)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
