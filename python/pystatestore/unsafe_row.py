@@ -284,6 +284,95 @@ def decode_row(t: SparkType, data: bytes | memoryview) -> tuple[Any, ...]:
     return _row(t, buf, 0, len(buf))
 
 
+def java_big_integer_bytes(unscaled: int) -> bytes:
+    """Java's BigInteger.toByteArray: the shortest big-endian two's complement, at least one byte."""
+    bit_length = (~unscaled if unscaled < 0 else unscaled).bit_length()
+    return unscaled.to_bytes(bit_length // 8 + 1, "big", signed=True)
+
+
+def _unscaled(t: SparkType, value: Any) -> int:
+    scaled = decimal.Decimal(value).scaleb(t.scale)
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"{value} has more than the {t.scale} decimal places of decimal({t.precision},{t.scale})")
+    unscaled = int(scaled)
+    if len(str(abs(unscaled))) > t.precision:
+        raise ValueError(f"{value} does not fit decimal({t.precision},{t.scale})")
+    return unscaled
+
+
+def _fixed_bytes(t: SparkType, value: Any) -> bytes:
+    """A fixed-width value's bytes, as Spark's UnsafeWriter puts them in an 8-byte slot."""
+    if t.name == "decimal":
+        return struct.pack("<q", _unscaled(t, value))
+    if t.name == "date":
+        value = (value - _EPOCH_DATE).days
+    elif t.name in ("timestamp", "timestamp_ntz", "day-time interval"):
+        delta = value if t.name == "day-time interval" else value - (_EPOCH if t.name == "timestamp" else _EPOCH_NAIVE)
+        value = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    elif t.name in ("float", "double") and value == 0.0:
+        value = 0.0  # Spark normalizes -0.0 in keys
+    return struct.pack(_FIXED[t.name][0], value)
+
+
+def _encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
+    n = len(t.fields)
+    if len(values) != n:
+        raise ValueError(f"a row of {n} fields cannot hold {len(values)} values")
+    fixed = bytearray(_bitset_bytes(n) + 8 * n)
+    variable = bytearray()
+    slots = _bitset_bytes(n)
+
+    def set_null(i: int) -> None:
+        fixed[(i >> 6) * 8 + ((i & 63) >> 3)] |= 1 << (i & 7)
+
+    for i, ((_, ft, _), value) in enumerate(zip(t.fields, values, strict=True)):
+        at = slots + 8 * i
+        if ft.name == "decimal" and not ft.fixed_width:
+            # UnsafeRowWriter reserves 16 zeroed bytes for a long decimal, null or not
+            offset = len(fixed) + len(variable)
+            data = b"" if value is None else java_big_integer_bytes(_unscaled(ft, value))
+            if len(data) > 16:
+                raise ValueError(f"{value} does not fit decimal({ft.precision},{ft.scale})")
+            variable += data + bytes(16 - len(data))
+            if value is None:
+                set_null(i)
+            fixed[at : at + 8] = ((offset << 32) | len(data)).to_bytes(8, "little")
+        elif value is None or ft.name == "null":
+            set_null(i)
+        elif ft.fixed_width:
+            data = _fixed_bytes(ft, value)
+            fixed[at : at + len(data)] = data
+        else:
+            if ft.name == "string":
+                data = value.encode("utf-8")
+            elif ft.name == "binary":
+                data = bytes(value)
+            elif ft.name == "struct":
+                data = _encode_row(ft, value)
+            else:
+                raise UnsupportedTypeError(f"Spark type {ft.name} cannot be encoded without Spark")
+            offset = len(fixed) + len(variable)
+            variable += data + bytes(-len(data) % 8)
+            fixed[at : at + 8] = ((offset << 32) | len(data)).to_bytes(8, "little")
+    return bytes(fixed + variable)
+
+
+def encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
+    """The UnsafeRow Spark writes for `values` (as `decode_row` returns them: nested structs as
+    tuples) byte for byte, so it can be looked up in a store: padding and unused slot bytes are
+    zero, strings are padded to whole words, NaN and -0.0 normalized. Numbers, strings, binary,
+    decimals, dates, timestamps, intervals and nested structs; arrays and maps raise
+    UnsupportedTypeError."""
+    return _encode_row(t, values)
+
+
+def stored_key(row: bytes, key_encoding: str) -> bytes:
+    """The bytes a store keeps for a key row (the inverse of key_row_bytes for raw keys)."""
+    if key_encoding != KEY_ENCODING_RAW:
+        raise UnsupportedTypeError(f"keys encoded as {key_encoding} are found by a scan, not a lookup")
+    return row
+
+
 def key_row_bytes(key: bytes, key_encoding: str) -> memoryview:
     """The key's UnsafeRow within a stored key (a prefix-scan store's keys carry the prefix row first)."""
     buf = memoryview(key)
@@ -297,10 +386,21 @@ def key_row_bytes(key: bytes, key_encoding: str) -> memoryview:
     raise SchemaError(f"unknown key encoding {key_encoding!r}")
 
 
+def unique_names(names: list[str]) -> list[str]:
+    """Field names with repeats numbered, as the tools show them: sum, count, sum#2, count#2."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
+
+
 class StateRowDecoder:
     """Decodes a store's stored (key, value) pairs with the schemas and key encoding of its manifest."""
 
     def __init__(self, key_schema: str, value_schema: str, key_encoding: str = KEY_ENCODING_RAW) -> None:
+        self.key_schema = key_schema
         self.key_type = parse_schema(key_schema)
         self.value_type = parse_schema(value_schema)
         self.key_encoding = key_encoding
