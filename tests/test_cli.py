@@ -24,8 +24,11 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.checkpoint import StoreReader, open_checkpoint
-from pystatestore.cli import main
+from pystatestore.cli import _json_value, main
 from pystatestore.inspection import gc_dry_run, python_rows, read_state, unique_names, verify_checkpoint
+from pystatestore.key_lookup import num_partitions
+from pystatestore.spark_hash import hash_value, partition_of
+from pystatestore.unsafe_row import StateRowDecoder, encode_row, parse_schema
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
 from test_e2e import dedup, pandas_sessions
 
@@ -61,8 +64,28 @@ def typed_aggregation(df: DataFrame) -> DataFrame:
     )
 
 
+def many_key_types(df: DataFrame) -> DataFrame:
+    """Grouping keys of every type a point lookup encodes and hashes: a window struct of
+    timestamps, bytes, long and short decimals (negative too), doubles, floats, non-ASCII
+    strings, binary, timestamp_ntz, longs and a sometimes-null string."""
+    return df.groupBy(
+        F.window("ts", "20 seconds").alias("w"),
+        (F.col("value") % 3 - 1).cast("byte").alias("b"),
+        ((F.col("value") % 5) - 2.5).cast("decimal(22,3)").alias("big"),
+        (F.col("value") % 4 / 4).cast("decimal(6,2)").alias("small"),
+        ((F.col("value") % 3 - 1) * 0.5).alias("d"),
+        (F.col("value") % 2 + 0.25).cast("float").alias("f"),
+        F.concat(F.col("key"), F.lit("é✓")).alias("s"),
+        F.col("key").cast("binary").alias("bin"),
+        F.col("ts").cast("timestamp_ntz").alias("ntz"),
+        (F.col("id") % 7 - 3).alias("l"),
+        F.when(F.col("value") > 80, F.col("key")).alias("maybe"),
+    ).agg(F.count("*").alias("n"))
+
+
 QUERIES = {
     "typed": (typed_aggregation, "update", "changelog"),
+    "keys": (many_key_types, "update", "snapshot"),
     "dedup": (dedup, "append", "snapshot"),
     "pandas": (pandas_sessions, "update", "changelog"),
 }
@@ -85,6 +108,8 @@ def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     out = {}
     for name, (build, mode, commit_mode) in QUERIES.items():
         spark.conf.set(CONF + "commitMode", commit_mode)
+        # one query with another partition count: lookups must take it from the checkpoint
+        spark.conf.set("spark.sql.shuffle.partitions", "7" if name == "keys" else "3")
         input_dir, ckpt = base / f"in-{name}", base / f"ckpt-{name}"
         write_input_files(input_dir, 0, 5)
         run_phase(
@@ -92,6 +117,7 @@ def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         )
         out[name] = ckpt
     spark.conf.unset(CONF + "commitMode")
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
     return out
 
 
@@ -158,10 +184,143 @@ def test_key_lookup_finds_the_row_sparks_reader_shows(spark: SparkSession, check
     key, value, partition = theirs[len(theirs) // 2]
     done = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps(key), "-o", "-"])
     assert done.exit_code == 0, done.output
-    lines = [json.loads(line) for line in done.output.splitlines()]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert lines == [{"key": key, "value": value, "partition_id": partition}]
     none = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps({"key": "no-such-key"}), "-o", "-"])
-    assert none.exit_code == 0 and none.output == ""
+    assert none.exit_code == 0 and none.stdout == ""
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES))
+def test_stored_keys_encode_and_hash_as_spark_wrote_them(checkpoints: dict[str, Path], query: str) -> None:
+    """Every key Spark stored re-encodes to the very same bytes, and Spark's hash partitioning sends
+    it to the partition that holds it: what a point lookup relies on."""
+    ckpt = open_checkpoint(str(checkpoints[query]))
+    version = ckpt.version_of_batch(None)
+    n = num_partitions(ckpt, ckpt.stores_of(0))
+    assert n == (7 if query == "keys" else 3)
+    checked = 0
+    for loc in ckpt.stores_of(0):
+        with StoreReader(loc) as reader:
+            decoder = StateRowDecoder(*reader.schemas(version))
+            for stored, _ in reader.pairs(version):
+                key = decoder.key(stored)
+                assert encode_row(decoder.key_type, key) == stored, key
+                assert partition_of(decoder.key_type, key, n) == loc.partition_id, key
+                checked += 1
+    assert checked >= 10
+
+
+def as_json(key: Any) -> dict[str, Any]:
+    """A key as `read -o -` prints it, which --key takes."""
+    return json.loads(json.dumps(key, default=_json_value))
+
+
+def test_a_whole_key_is_looked_up_in_its_partition_alone(spark: SparkSession, checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["keys"]
+    theirs = spark_rows(spark, ckpt)
+    picks = theirs[:: max(1, len(theirs) // 6)]
+    notes: list[str] = []
+    ours = our_rows(ckpt, keys=[as_json(k) for k, _, _ in picks], notice=notes.append)
+    assert ours == sorted(picks, key=repr)
+    partitions = {p for _, _, p in picks}
+    assert notes == [
+        f"looked up {len(picks)} key(s) in {len(partitions)} of 7 partitions "
+        "(the ones Spark's hash partitioning sends them to)"
+    ]
+    # a key that is not in the state: looked up, nothing found
+    # Spark names grouping expressions _groupingexpression, #2, ...: window, b, big, small, d, f, s, bin, ntz, l, maybe
+    names = list(picks[0][0])
+    assert len(names) == 11 and names[0] == "window"
+    missing = as_json({**picks[0][0], names[9]: 1000})
+    assert our_rows(ckpt, keys=[missing], notice=notes.append) == [] and notes[-1].startswith("looked up 1 key")
+    # keys naming some columns only are scanned for
+    some = {names[6]: picks[0][0][names[6]], names[10]: None}
+    assert our_rows(ckpt, keys=[some], notice=notes.append) == [
+        r for r in theirs if r[0][names[6]] == some[names[6]] and r[0][names[10]] is None
+    ]
+    assert notes[-1].startswith(
+        "scanning every partition for the key: a --key must name every key column (window, _grouping"
+    )
+    # on the command line: the note on stderr, the rows on stdout
+    done = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps(as_json(picks[0][0])), "-o", "-"])
+    assert done.exit_code == 0, done.output
+    assert len(done.stdout.splitlines()) == 1 and "looked up 1 key(s) in 1 of 7 partitions" in done.stderr
+
+
+def test_a_key_value_of_the_wrong_type_is_named(checkpoints: dict[str, Path]) -> None:
+    ckpt = checkpoints["keys"]
+    row = python_rows(read_state(open_checkpoint(str(ckpt)), partitions=[0]))[0]
+    bad = {**as_json(row["key"]), "_groupingexpression": "one"}
+    done = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps(bad), "-o", "-"])
+    assert done.exit_code == 1 and done.stdout == ""
+    assert (
+        "key column '_groupingexpression' is byte; 'one' is not one" in done.stderr
+        and "Give the key as `read -o -`" in done.stderr
+    )
+
+
+def test_partition_hash_equals_sparks_hash(spark: SparkSession) -> None:
+    """spark_hash against Spark's own hash() (Murmur3, seed 42) on values of every hashed type,
+    edge values included: -0.0 and NaN, extremes, empty and non-ASCII strings of every length
+    mod 4, negative long decimals, nulls, a nested struct."""
+    import random
+
+    from pyspark.sql import types as T
+
+    rnd = random.Random(5)
+    utc = dt.timezone.utc
+    schema = T.StructType(
+        [
+            T.StructField("bool", T.BooleanType()),
+            T.StructField("byte", T.ByteType()),
+            T.StructField("short", T.ShortType()),
+            T.StructField("int", T.IntegerType()),
+            T.StructField("long", T.LongType()),
+            T.StructField("float", T.FloatType()),
+            T.StructField("double", T.DoubleType()),
+            T.StructField("small", T.DecimalType(6, 2)),
+            T.StructField("big", T.DecimalType(30, 5)),
+            T.StructField("str", T.StringType()),
+            T.StructField("bin", T.BinaryType()),
+            T.StructField("date", T.DateType()),
+            T.StructField("ts", T.TimestampType()),
+            T.StructField("ntz", T.TimestampNTZType()),
+            T.StructField(
+                "nested", T.StructType([T.StructField("a", T.IntegerType()), T.StructField("b", T.StringType())])
+            ),
+        ]
+    )
+    floats = [0.0, -0.0, float("nan"), 1.5, -3.25, 1e30, float("inf")]
+    text = ["", "a", "ab", "abc", "abcd", "abcde", "é", "✓✓", "日本語テキスト", "k12"]
+    rows = []
+    for i in range(120):
+        rows.append(
+            (
+                rnd.choice([True, False, None]),
+                rnd.choice([-128, 127, 0, rnd.randrange(-100, 100)]),
+                rnd.randrange(-32768, 32768),
+                rnd.choice([-(2**31), 2**31 - 1, rnd.randrange(-(10**6), 10**6)]),
+                rnd.choice([-(2**63), 2**63 - 1, rnd.randrange(-(10**12), 10**12)]),
+                rnd.choice(floats),
+                rnd.choice(floats + [rnd.uniform(-1e6, 1e6)]),
+                decimal.Decimal(rnd.randrange(-99999, 99999)).scaleb(-2),
+                rnd.choice([None, decimal.Decimal(rnd.randrange(-(10**24), 10**24)).scaleb(-5)]),
+                rnd.choice(text + [None]),
+                rnd.choice([b"", b"\x00\xff\x80", bytes(range(i % 11)), None]),
+                dt.date(1969, 12, 31) + dt.timedelta(days=rnd.randrange(-5000, 30000)),
+                dt.datetime(1960, 1, 1, tzinfo=utc) + dt.timedelta(microseconds=rnd.randrange(10**16)),
+                dt.datetime(1960, 1, 1) + dt.timedelta(microseconds=rnd.randrange(10**16)),
+                rnd.choice([None, (rnd.randrange(100), rnd.choice(text + [None]))]),
+            )
+        )
+    df = spark.createDataFrame(rows, schema)
+    names = df.columns
+    hashed = df.select(F.hash(*names).alias("row"), *(F.hash(n).alias(f"h_{n}") for n in names)).collect()
+    key_type = parse_schema(schema.json())
+    for values, spark_hashes in zip(rows, hashed, strict=True):
+        for (name, t, _), v in zip(key_type.fields, values, strict=True):
+            assert hash_value(t, v, 42) == spark_hashes[f"h_{name}"], (name, v)
+        assert hash_value(key_type, values, 42) == spark_hashes["row"]
 
 
 def test_read_writes_parquet_and_csv(checkpoints: dict[str, Path], tmp_path: Path) -> None:

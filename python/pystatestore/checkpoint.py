@@ -15,6 +15,7 @@ import posixpath
 import re
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,21 @@ class StoreReader:
 
     def pairs(self, version: int) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) of `version`, in key order, restored into this reader's scratch space."""
+        with self._restored(version) as state:
+            if isinstance(state, dict):
+                yield from sorted(state.items())
+            else:
+                yield from state.items()
+
+    def get(self, version: int, stored_keys: list[bytes]) -> list[bytes | None]:
+        """The values of `stored_keys` in `version` (None where a key is absent): point reads of
+        the restored version, no scan."""
+        with self._restored(version) as state:
+            return [state.get(k) for k in stored_keys]
+
+    @contextmanager
+    def _restored(self, version: int) -> Iterator[Any]:
+        """`version` restored: a dict for frame backends, else its RocksDB opened read-only."""
         import rocksdict
 
         from . import frames
@@ -280,7 +296,7 @@ class StoreReader:
         if self.backend.read_path == "frame":
             result = self.backend.load(version)
             assert result.frame is not None
-            yield from sorted(frames.buffer_to_state(result.frame).items())
+            yield frames.buffer_to_state(result.frame)
             return
         view = Path(self._scratch.name) / f"view-{version}"
         self.backend.load(version, str(view))
@@ -288,7 +304,7 @@ class StoreReader:
         opts.create_if_missing(False)
         db = rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
         try:
-            yield from db.items()
+            yield db
         finally:
             db.close()
 

@@ -264,7 +264,13 @@ def du(checkpoint: str, as_json: bool) -> None:
 @click.option("--store-name", default="default", show_default=True, help="Joins: left-keyToNumValues, ...")
 @click.option("--batch", type=int, default=None, help="A committed batch (default: the last).")
 @click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
-@click.option("--key", "keys", multiple=True, help="Only the row with this key, as JSON: --key '{\"id\": 7}'.")
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    help="Only the row with this key, as JSON (as `-o -` prints keys): --key '{\"id\": 7}'. A key naming every "
+    "key column is looked up in its partition alone; one naming some columns is scanned for.",
+)
 @click.option("-o", "--output", required=True, help="out.parquet, out.csv, or - for JSON lines on stdout.")
 def read(
     checkpoint: str,
@@ -293,6 +299,7 @@ def read(
                 partitions=partitions or None,
                 keys=wanted,
                 progress=progress,
+                notice=lambda message: err.print(message, markup=False),
             )
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None

@@ -21,10 +21,11 @@ import pyarrow as pa
 
 from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader, manifest_versions
 from .errors import StateStoreError
+from .key_lookup import KeyValueError, lookup_error, plan_lookup
 from .manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
 from .remote import RemoteFile
 from .retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
-from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder
+from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder, unique_names
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
 Progress = Callable[[str, int, int], None]
@@ -503,17 +504,17 @@ def read_state(
     partitions: Iterable[int] | None = None,
     keys: list[dict[str, Any]] | None = None,
     progress: Progress = _no_progress,
+    notice: Callable[[str], None] = lambda message: None,
 ) -> pa.Table:
     """The state rows of `batch` (default: the last committed) of an operator's store, decoded:
     columns key, value (structs of the store's schemas) and partition_id, as
-    `spark.read.format("statestore")` shows them. `keys`: only rows whose key has these fields."""
+    `spark.read.format("statestore")` shows them. `keys`: only rows whose key has these fields; a
+    key naming every key column is looked up in the one partition Spark sends it to (`notice`
+    says whether keys were looked up or scanned for, and why)."""
     version = ckpt.version_of_batch(batch)
     wanted = set(partitions) if partitions is not None else None
-    locations = [
-        s
-        for s in ckpt.stores_of(operator)
-        if s.store_name == store_name and (wanted is None or s.partition_id in wanted)
-    ]
+    of_store = [s for s in ckpt.stores_of(operator) if s.store_name == store_name]
+    locations = [s for s in of_store if wanted is None or s.partition_id in wanted]
     if not locations:
         names = sorted({(s.operator_id, s.store_name) for s in ckpt.stores})
         raise StateStoreError(
@@ -521,25 +522,51 @@ def read_state(
             store=ckpt.uri,
             advice=f"Its stores (operator, name): {names}. Pass --operator and --store-name.",
         )
+    if keys is not None:
+        with StoreReader(locations[0]) as first:
+            decoder = _decoder(first, locations[0], version)
+        try:
+            plan = plan_lookup(ckpt, of_store, decoder.key_schema, decoder.key_encoding, keys)
+        except KeyValueError as e:
+            raise lookup_error(e, ckpt.uri) from None
+        if plan.is_lookup:
+            locations = [s for s in locations if s.partition_id in plan.by_partition]
+            if not locations:  # the keys' partitions are not among those asked for
+                return decoder.arrow_schema().empty_table()
+            notice(
+                f"looked up {len(keys)} key(s) in {len(locations)} of {len(of_store)} partitions "
+                "(the ones Spark's hash partitioning sends them to)"
+            )
+            return _read_stores(
+                locations, version, progress, lambda reader, loc: _looked_up(reader, version, plan.by_partition[loc])
+            )
+        notice(f"scanning every partition for the key: {plan.scan_reason}")
+    return _read_stores(locations, version, progress, lambda reader, loc: reader.pairs(version), keys)
+
+
+def _looked_up(reader: StoreReader, version: int, stored_keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    for k, v in zip(stored_keys, reader.get(version, stored_keys), strict=True):
+        if v is not None:
+            yield k, v
+
+
+def _read_stores(
+    locations: list[StoreLocation],
+    version: int,
+    progress: Progress,
+    pairs_of: Callable[[StoreReader, int], Iterable[tuple[bytes, bytes]]],
+    keys: list[dict[str, Any]] | None = None,
+) -> pa.Table:
+    """The decoded rows `pairs_of(reader, partition)` yields from each store, as one table."""
     tables = []
-    schema: pa.Schema | None = None
     for i, loc in enumerate(locations):
         progress("reading state", i, len(locations))
         with StoreReader(loc) as reader:
-            try:
-                decoder = StateRowDecoder(*reader.schemas(version))
-            except SchemaError as e:
-                raise StateStoreError(
-                    f"the state cannot be decoded without Spark: {e}",
-                    store=loc.uri,
-                    version=version,
-                    file=manifest_path(version),
-                    advice='Read it with spark.read.format("statestore"). Nothing was changed.',
-                ) from None
+            decoder = _decoder(reader, loc, version)
             schema = decoder.arrow_schema()
             rows_k, rows_v = [], []
-            names = decoder.key_names
-            for k, v in reader.pairs(version):
+            names = unique_names(decoder.key_names)
+            for k, v in pairs_of(reader, loc.partition_id):
                 try:
                     key = decoder.key(k)
                     if keys is not None and not _matches(dict(zip(names, key, strict=True)), keys):
@@ -567,8 +594,20 @@ def read_state(
                 )
             )
     progress("reading state", len(locations), len(locations))
-    assert schema is not None
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _decoder(reader: StoreReader, loc: StoreLocation, version: int) -> StateRowDecoder:
+    try:
+        return StateRowDecoder(*reader.schemas(version))
+    except SchemaError as e:
+        raise StateStoreError(
+            f"the state cannot be decoded without Spark: {e}",
+            store=loc.uri,
+            version=version,
+            file=manifest_path(version),
+            advice='Read it with spark.read.format("statestore"). Nothing was changed.',
+        ) from None
 
 
 def _matches(key: dict[str, Any], wanted: list[dict[str, Any]]) -> bool:
@@ -589,16 +628,6 @@ def _same(value: Any, given: Any) -> bool:
     if isinstance(value, decimal.Decimal) and isinstance(given, (int, float, str)):
         return value == decimal.Decimal(str(given))
     return bool(value == given)
-
-
-def unique_names(names: list[str]) -> list[str]:
-    """Field names with repeats numbered: sum, count, sum#2, count#2."""
-    seen: dict[str, int] = {}
-    out = []
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    return out
 
 
 def python_rows(table: pa.Table) -> list[dict[str, Any]]:
