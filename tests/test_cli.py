@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -25,7 +27,14 @@ from pyspark.sql import functions as F
 
 from pystatestore.checkpoint import StoreReader, open_checkpoint
 from pystatestore.cli import _json_value, main
-from pystatestore.inspection import gc_dry_run, python_rows, read_state, unique_names, verify_checkpoint
+from pystatestore.inspection import (
+    disk_usage,
+    gc_dry_run,
+    python_rows,
+    read_state,
+    unique_names,
+    verify_checkpoint,
+)
 from pystatestore.key_lookup import num_partitions
 from pystatestore.spark_hash import hash_value, partition_of
 from pystatestore.unsafe_row import StateRowDecoder, encode_row, parse_schema
@@ -439,6 +448,73 @@ def test_a_checkpoint_that_is_not_one_gets_a_clear_error(tmp_path: Path) -> None
     assert done.exit_code == 1 and "not a Spark streaming checkpoint" in done.output
     done = CliRunner().invoke(main, ["verify", str(tmp_path / "nowhere")])
     assert done.exit_code == 1 and "no checkpoint directory" in done.output
+
+
+@pytest.fixture(scope="module")
+def s3_checkpoints(checkpoints: dict[str, Path]) -> Iterator[dict[str, str]]:
+    """Two test checkpoints copied into a bucket of a local S3 server (moto's), named by the URIs a
+    user of MinIO or another S3 endpoint passes: pyarrow's options in the query, keys in the env."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
+    try:
+        host, port = server.get_host_and_port()
+        options = {"region": "us-east-1", "scheme": "http", "endpoint_override": f"{host}:{port}"}
+        s3 = pafs.S3FileSystem(**options, allow_bucket_creation=True)  # type: ignore[arg-type]
+        s3.create_dir("ckpts")
+        for name in ("typed", "dedup"):
+            pafs.copy_files(
+                str(checkpoints[name]),
+                f"ckpts/{name}",
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=s3,
+            )
+        yield {name: f"s3://ckpts/{name}?{urlencode(options)}" for name in ("typed", "dedup")}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def test_the_tools_work_on_a_checkpoint_in_s3(checkpoints: dict[str, Path], s3_checkpoints: dict[str, str]) -> None:
+    """Everything but the local disk: listing, manifests, restores and checksums through S3."""
+    for name, uri in s3_checkpoints.items():
+        remote, local = open_checkpoint(uri), open_checkpoint(str(checkpoints[name]))
+        assert [(s.operator_id, s.partition_id, s.store_name) for s in remote.stores] == [
+            (s.operator_id, s.partition_id, s.store_name) for s in local.stores
+        ]
+        assert remote.committed_batches == local.committed_batches and remote.conf == local.conf
+        assert read_state(remote).equals(read_state(local))
+        usage = [[(u.total_bytes, u.files) for u in disk_usage(c)] for c in (remote, local)]
+        assert usage[0] == usage[1]
+        done = CliRunner().invoke(main, ["verify", uri, "--deep"])
+        assert done.exit_code == 0 and "the checkpoint can be restored" in done.output, done.output
+    uri = s3_checkpoints["dedup"]
+    key = python_rows(read_state(open_checkpoint(uri)))[0]["key"]
+    looked_up = CliRunner().invoke(main, ["read", uri, "--key", json.dumps(key, default=_json_value), "-o", "-"])
+    assert looked_up.exit_code == 0 and "looked up 1 key(s) in 1 of 3 partitions" in looked_up.stderr, looked_up.output
+    assert len(looked_up.stdout.splitlines()) == 1
+    now = time.time() + 3600
+    planned = gc_dry_run(open_checkpoint(uri), min_batches_to_retain=2, now=now)
+    expected = gc_dry_run(open_checkpoint(str(checkpoints["dedup"])), min_batches_to_retain=2, now=now)
+    assert planned and [(d.store.split("/ckpts/dedup/")[1].split("?")[0], d.path) for d in planned] == [
+        (d.store.split("/ckpt-dedup/")[1], d.path) for d in expected
+    ]
+    store = checkpoints["dedup"] / "state" / "0" / "0"  # the same bytes as the bucket's copy
+    last = max((store / "manifests").glob("*.json"), key=lambda p: int(p.stem))
+    victim = sorted(r["path"] for r in json.loads(last.read_text())["shared"].values() if "path" in r)[0]
+    s3, _ = pafs.FileSystem.from_uri(uri)
+    s3.delete_file(f"ckpts/dedup/state/0/0/{victim}")
+    damaged = CliRunner().invoke(main, ["verify", uri, "--json"])
+    assert damaged.exit_code == 1, damaged.output
+    problems = json.loads(damaged.output)["problems"]
+    assert any(victim in (p["file"] or "") and "/ckpts/dedup/state/0/0" in p["store"] for p in problems), problems
 
 
 def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, list[str]]:

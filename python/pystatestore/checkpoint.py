@@ -25,7 +25,7 @@ import pyarrow._fs as pafs
 from .backends import BACKENDS, StateBackend, StoreContext
 from .errors import CheckpointMissingError, StoreConfigError
 from .manifest import MANIFEST_DIR, Manifest, version_of_manifest
-from .remote import RemoteStore, describe_foreign_layout, filesystem_for
+from .remote import RemoteStore, describe_foreign_layout, filesystem_for, join_uri
 
 DEFAULT_STORE_NAME = "default"
 OUR_PROVIDER = "org.pystatestore.PythonStateStoreProvider"
@@ -109,10 +109,6 @@ def _child_names(fs: pafs.FileSystem, path: str, kind: pafs.FileType) -> list[st
     return sorted(posixpath.basename(i.path) for i in infos if i.type == kind)
 
 
-def _join(uri: str, *parts: str) -> str:
-    return uri.rstrip("/") + "/" + "/".join(parts)
-
-
 def _read_text(fs: pafs.FileSystem, path: str) -> str | None:
     try:
         with fs.open_input_stream(path) as f:
@@ -168,9 +164,9 @@ def open_checkpoint(uri: str) -> SparkCheckpoint:
             children = _child_names(fs, part_dir, pafs.FileType.Directory)
             found = []
             if MANIFEST_DIR in children or not any(_is_store(fs, posixpath.join(part_dir, c)) for c in children):
-                found.append((DEFAULT_STORE_NAME, _join(uri, "state", op, part)))
+                found.append((DEFAULT_STORE_NAME, join_uri(uri, "state", op, part)))
             found += [
-                (c, _join(uri, "state", op, part, c)) for c in children if _is_store(fs, posixpath.join(part_dir, c))
+                (c, join_uri(uri, "state", op, part, c)) for c in children if _is_store(fs, posixpath.join(part_dir, c))
             ]
             for name, store_uri in found:
                 remote = RemoteStore(store_uri)

@@ -23,7 +23,7 @@ from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader, manifest_ve
 from .errors import StateStoreError
 from .key_lookup import KeyValueError, lookup_error, plan_lookup
 from .manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
-from .remote import RemoteFile
+from .remote import RemoteFile, join_uri
 from .retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
 from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder, unique_names
 
@@ -383,7 +383,7 @@ def _verify_store(
         if path in referenced:
             continue
         target = report.young_unreferenced if f.mtime is None or now - f.mtime <= grace else report.unreferenced
-        target.append(f"{remote.uri}/{path}")
+        target.append(join_uri(remote.uri, path))
 
 
 # -- gc --dry-run ----------------------------------------------------------------------------

@@ -60,6 +60,13 @@ def local_file_in(directory: str | os.PathLike[str], name: str, *, store: str, v
     return os.path.join(os.fspath(directory), name)
 
 
+def join_uri(uri: str, *parts: str) -> str:
+    """`uri` with path segments appended, keeping a query string (pyarrow's S3 options such as
+    `?endpoint_override=host:9000&scheme=http`) at the end, where pyarrow reads it."""
+    base, sep, query = uri.partition("?")
+    return base.rstrip("/") + "/" + "/".join(parts) + sep + query
+
+
 def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
     """Maps a Hadoop-style store location (file:/x, /x, s3a://b/x, hdfs://nn/x) to pyarrow."""
     parsed = urlparse(uri)
