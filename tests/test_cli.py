@@ -332,6 +332,30 @@ def test_partition_hash_equals_sparks_hash(spark: SparkSession) -> None:
         assert hash_value(key_type, values, 42) == spark_hashes["row"]
 
 
+@pytest.mark.parametrize("query", ["typed", "dedup", "keys"])
+def test_reading_reports_every_byte_each_restore_downloads(checkpoints: dict[str, Path], query: str) -> None:
+    ckpt = open_checkpoint(str(checkpoints[query]))
+    version = ckpt.version_of_batch(None)
+    heard: list[tuple[str, int, int]] = []
+    read_state(ckpt, progress=lambda what, done, total: heard.append((what, done, total)))
+    downloads = [(done, total) for what, done, total in heard if what == "downloading"]
+    expected = []
+    for location in ckpt.stores:
+        with StoreReader(location) as reader:
+            expected.append(reader.restore_bytes(version))
+    if query == "typed":  # small changelog commits: every file inline in the manifests, no bar
+        assert not any(expected) and not downloads
+        return
+    # per store with files: (0, total) when it starts, the running count after each chunk, then done
+    starts = [i for i, (done, _) in enumerate(downloads) if done == 0]
+    assert len(starts) == len([e for e in expected if e]) > 0
+    for size, start, end in zip([e for e in expected if e], starts, [*starts[1:], len(downloads)], strict=True):
+        events = downloads[start:end]
+        assert all(total == size for _, total in events)
+        counts = [done for done, _ in events[1:-1]]
+        assert counts == sorted(counts) and counts[-1] == size, events
+
+
 def test_read_writes_parquet_and_csv(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     ckpt = checkpoints["typed"]
     runner = CliRunner()

@@ -14,7 +14,8 @@ import json
 import posixpath
 import re
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,10 +211,13 @@ class StoreReader:
         *,
         retain: int | None = None,
         grace_seconds: float = 600.0,
+        progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         """`retain` and `grace_seconds`: the query's minBatchesToRetain and orphanGraceSeconds, which
-        only planning garbage collection uses (default: every version is retained)."""
+        only planning garbage collection uses (default: every version is retained). `progress`
+        (what, done, total) hears the bytes a restore downloads."""
         self.location = location
+        self._progress = progress
         self.remote = RemoteStore(location.uri)
         if location.foreign:
             raise StoreConfigError(
@@ -282,8 +286,54 @@ class StoreReader:
         with self._restored(version) as state:
             return [state.get(k) for k in stored_keys]
 
+    def restore_bytes(self, version: int) -> int:
+        """The bytes of the checkpoint's files that restoring `version` reads: the files each
+        manifest of its chain names, back to its snapshot."""
+        sizes = {r.path: r.size for m in self.backend.chain_back(self.manifest(version)) for r in m.files()}
+        return sum(sizes.values())
+
     @contextmanager
     def _restored(self, version: int) -> Iterator[Any]:
+        """`version` restored (see `_load`), closed afterwards."""
+        with self._download_progress(version):
+            state = self._load(version)
+        if isinstance(state, dict):
+            yield state
+            return
+        try:
+            yield state
+        finally:
+            state.close()
+
+    @contextmanager
+    def _download_progress(self, version: int) -> Iterator[None]:
+        """Reports the bytes downloaded while restoring `version` (a bar per store on a terminal)."""
+        progress = self._progress
+        total = self.restore_bytes(version) if progress is not None else 0
+        if progress is None or total == 0:  # small changelog stores can be all inline: nothing to fetch
+            yield
+            return
+        what = "downloading"  # one bar, for the store being read (a bar per store would be 200 rows)
+        lock = threading.Lock()
+        moved = 0
+
+        def observe(point: str, n: int) -> None:
+            nonlocal moved
+            if point == "download:chunk":
+                with lock:  # the backend downloads on several threads
+                    moved += n
+                    done = moved
+                progress(what, done, total)
+
+        progress(what, 0, total)
+        self.backend.transfer_observer = observe
+        try:
+            yield
+        finally:
+            self.backend.transfer_observer = None
+        progress(what, max(moved, total), max(moved, total))
+
+    def _load(self, version: int) -> Any:
         """`version` restored: a dict for frame backends, else its RocksDB opened read-only."""
         import rocksdict
 
@@ -292,17 +342,12 @@ class StoreReader:
         if self.backend.read_path == "frame":
             result = self.backend.load(version)
             assert result.frame is not None
-            yield frames.buffer_to_state(result.frame)
-            return
+            return frames.buffer_to_state(result.frame)
         view = Path(self._scratch.name) / f"view-{version}"
         self.backend.load(version, str(view))
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(False)
-        db = rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
-        try:
-            yield db
-        finally:
-            db.close()
+        return rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
 
     def close(self) -> None:
         try:

@@ -24,8 +24,18 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .checkpoint import SparkCheckpoint, open_checkpoint
@@ -61,6 +71,17 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+class _CountColumn(ProgressColumn):
+    """Bytes for downloads (`12.3/40.0 MB`), counts (`3/200`) for the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes, self._count = DownloadColumn(), MofNCompleteColumn()
+
+    def render(self, task: Task) -> Text:
+        return (self._bytes if task.fields.get("in_bytes") else self._count).render(task)
+
+
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Any]:
     """A progress callback drawing bars on stderr when it is a terminal; silent otherwise."""
@@ -68,13 +89,13 @@ def _progress(enabled: bool) -> Iterator[Any]:
         yield lambda what, done, total: None
         return
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+        TextColumn("{task.description}"), BarColumn(), _CountColumn(), TimeElapsedColumn(), console=err
     ) as bars:
         tasks: dict[str, Any] = {}
 
         def update(what: str, done: int, total: int) -> None:
             if what not in tasks:
-                tasks[what] = bars.add_task(what, total=total or None)
+                tasks[what] = bars.add_task(what, total=total or None, in_bytes=what.startswith("downloading"))
             bars.update(tasks[what], completed=done, total=total or None)
 
         yield update

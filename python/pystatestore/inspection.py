@@ -561,7 +561,7 @@ def _read_stores(
     tables = []
     for i, loc in enumerate(locations):
         progress("reading state", i, len(locations))
-        with StoreReader(loc) as reader:
+        with StoreReader(loc, progress=progress) as reader:
             decoder = _decoder(reader, loc, version)
             schema = decoder.arrow_schema()
             rows_k, rows_v = [], []

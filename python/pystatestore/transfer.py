@@ -24,9 +24,10 @@ from .remote import RemoteStore, local_file_in
 # below S3's 5 MiB part size: Arrow's object-store streams copy smaller writes into their part
 # buffer, but may upload a larger one straight from the caller's (here reused) memory.
 CHUNK = 1 << 20
-# Called with "upload:file" / "download:file" after each file and "upload:chunk" / "download:chunk"
-# after each chunk; tests raise from it to crash mid-transfer (a chunk fault leaves a partial file).
-TransferHook = Callable[[str], None]
+# Called with ("upload:file" | "download:file", 0) after each file and ("upload:chunk" |
+# "download:chunk", bytes of the chunk) after each chunk: tests raise from it to crash mid-transfer
+# (a chunk fault leaves a partial file), and `pystatestore read` counts the bytes for its bars.
+TransferHook = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def _copy(
         size += n
         out.write(chunk)
         if hook is not None:
-            hook(point)
+            hook(point, n)
     return crc, size
 
 
@@ -104,7 +105,7 @@ def upload_all(
     def one(item: tuple[Path, str]) -> FileRef:
         ref = upload_file(remote, item[0], item[1], hook=hook)
         if hook is not None:
-            hook("upload:file")
+            hook("upload:file", 0)
         return ref
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items)))) as pool:
@@ -127,7 +128,7 @@ def download_all(
     def one(item: tuple[FileRef, str]) -> int:
         size = download_file(remote, item[0], local_dir, item[1], version=version, hook=hook)
         if hook is not None:
-            hook("download:file")
+            hook("download:file", 0)
         return size
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items)))) as pool:

@@ -158,11 +158,15 @@ class StateBackend(abc.ABC):
         self.ctx = ctx
         self.remote = remote
         self.fault_hook: FaultHook | None = None
+        # Sees every transfer point with the bytes it moved (the offline reader's progress bars).
+        self.transfer_observer: Callable[[str, int], None] | None = None
         # Wall clock for leases and GC; the model-based test moves it forward to simulate time passing.
         self.clock: Clock = time.time
         self.parsed = ParsedManifests()
 
-    def _fault_point(self, name: str) -> None:
+    def _fault_point(self, name: str, moved: int = 0) -> None:
+        if self.transfer_observer is not None:
+            self.transfer_observer(name, moved)
         if self.fault_hook is not None:
             self.fault_hook(name)
 
