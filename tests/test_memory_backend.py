@@ -41,6 +41,19 @@ def test_commit_then_reload_from_remote_in_a_fresh_backend(store_dir: Path) -> N
     assert state_of(fresh, 1) == {b"a": b"1", b"b": b"2"}
 
 
+def test_each_manifest_records_its_commit_step_times(store_dir: Path) -> None:
+    """What the report's commit-time plot shows: apply and upload always, restore only when the
+    base had to be read back from the checkpoint."""
+    b = make_backend(store_dir)
+    b.commit(0, changes({b"a": b"1"}), "t1")
+    fresh = make_backend(store_dir)  # nothing in memory: version 1 is read back to commit on it
+    fresh.commit(1, changes({b"b": b"2"}), "t2")
+    timed = [json.loads((store_dir / "manifests" / f"{v}.json").read_text())["commit_ms"] for v in (1, 2)]
+    assert timed[0].keys() == {"applyMs", "uploadMs"}
+    assert timed[1].keys() == {"restoreMs", "applyMs", "uploadMs"}
+    assert all(isinstance(ms, int) and ms >= 0 for t in timed for ms in t.values())
+
+
 def test_retry_of_a_version_does_not_clobber_the_first_attempt(store_dir: Path) -> None:
     b = make_backend(store_dir)
     b.commit(0, changes({b"a": b"1"}), "attempt-1")

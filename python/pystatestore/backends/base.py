@@ -38,6 +38,13 @@ from ..retention import (
 )
 
 log = logging.getLogger("pystatestore.backends")
+
+
+def elapsed_ms(started: float) -> int:
+    """Milliseconds since `started` (a `time.perf_counter()` reading), for a manifest's commit_ms."""
+    return int((time.perf_counter() - started) * 1000)
+
+
 BACKEND_CONF = "spark.sql.streaming.stateStore.pystatestore.backend"
 
 # Called at named points of commits and garbage collection; the model-based tests raise from it

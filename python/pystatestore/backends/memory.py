@@ -7,6 +7,7 @@ makes commits incremental.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -16,7 +17,7 @@ from .. import frames
 from ..errors import CheckpointDamagedError
 from ..manifest import FileRef, Manifest, checksum, manifest_path
 from ..retention import RetentionPlan
-from .base import CommitResult, LoadResult, StateBackend, log
+from .base import CommitResult, LoadResult, StateBackend, elapsed_ms, log
 
 SNAPSHOT_FILE = "snapshot.arrow"
 
@@ -103,8 +104,13 @@ class MemoryBackend(StateBackend):
         view_dir: str | None = None,
     ) -> CommitResult:
         version = base_version + 1
-        base, _, base_id = self._state(base_version, current=True)
+        timed: dict[str, int] = {}  # the manifest's commit_ms, as the rocksdb backend records it
+        started = time.perf_counter()
+        base, read, base_id = self._state(base_version, current=True)
+        if read:
+            timed["restoreMs"] = elapsed_ms(started)
         self.check_base(base_version, base_id, base_manifest_id)
+        started = time.perf_counter()
         state = dict(base)  # the base stays intact for retries of this version
         frames.apply_changes(state, changes)
         if num_keys is not None and num_keys != len(state):
@@ -118,11 +124,15 @@ class MemoryBackend(StateBackend):
                 len(state),
             )
         snapshot = frames.state_to_buffer(state)
+        timed["applyMs"] = elapsed_ms(started)
         with self.commit_attempt(version) as lease:
             rel = f"private/{version}-{lease.token}/{SNAPSHOT_FILE}"
+            started = time.perf_counter()
             self.remote.write_bytes(rel, snapshot)
+            timed["uploadMs"] = elapsed_ms(started)
             self._fault_point("commit:uploaded")
             manifest = self.new_manifest(version, len(state), attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
+            manifest.commit_ms = timed
             body = manifest.to_json()
             lease.check_before_publish()
             self.remote.publish(manifest_path(version), body)  # the commit point

@@ -63,7 +63,7 @@ from ..manifest import (
 )
 from ..remote import RemoteStore, local_file_in
 from ..transfer import TransferStats, download_all, upload_all, upload_file
-from .base import CommitResult, LoadResult, StateBackend
+from .base import CommitResult, LoadResult, StateBackend, elapsed_ms
 
 log = logging.getLogger("pystatestore.rocksdb")
 DEFAULT_TRANSFER_THREADS = 4
@@ -120,10 +120,6 @@ def _block_cache() -> rocksdict.Cache:
 
 # The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them).
 _TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
-
-
-def _ms(started: float) -> int:
-    return int((time.perf_counter() - started) * 1000)
 
 
 def _link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
@@ -348,7 +344,7 @@ class RocksDBBackend(StateBackend):
             restoreChangelogVersions=restore.replayed,
             restoreChangelogBytes=restore.replayed_bytes,
             restoreInlineSnapshots=restore.inline_snapshots,
-            restoreMs=_ms(started),
+            restoreMs=elapsed_ms(started),
         )
         return target, restore.metrics
 
@@ -571,7 +567,7 @@ class RocksDBBackend(StateBackend):
         if target is not None:
             t = time.perf_counter()
             rocksdict.Checkpoint(self._db).create_checkpoint(str(target))
-            cost = {**cost, "viewMs": _ms(t)}
+            cost = {**cost, "viewMs": elapsed_ms(t)}
         if "restoreMs" not in cost:
             source = "memory"
         elif cost["restoreRemoteFiles"] == 0 and cost["restoreLocalFiles"] > 0:
@@ -617,7 +613,7 @@ class RocksDBBackend(StateBackend):
             "restoreChangelogVersions": restore.replayed,
             "restoreChangelogBytes": restore.replayed_bytes,
             "restoreInlineSnapshots": restore.inline_snapshots,
-            "restoreMs": _ms(started),
+            "restoreMs": elapsed_ms(started),
         }
         return self._leave_view(target, cost)
 
@@ -750,20 +746,20 @@ class RocksDBBackend(StateBackend):
             if segment_path is not None:
                 segment_path.unlink(missing_ok=True)
             raise
-        metrics["applyMs"] = _ms(t)
+        metrics["applyMs"] = elapsed_ms(t)
         self._fault_point("commit:applied")
 
         t = time.perf_counter()
         if change_file is not None:
             self._ingest(change_file)
-        metrics["flushMs"] = _ms(t)
+        metrics["flushMs"] = elapsed_ms(t)
         self._fault_point("commit:flushed")
 
         published = False
         try:
             t = time.perf_counter()
             rocksdict.Checkpoint(self._db).create_checkpoint(str(checkpoint_dir))
-            metrics["checkpointMs"] = _ms(t)
+            metrics["checkpointMs"] = elapsed_ms(t)
             self._fault_point("commit:checkpointed")
             t = time.perf_counter()
             if segment_path is not None:
@@ -779,7 +775,7 @@ class RocksDBBackend(StateBackend):
                 manifest, uploaded = self._snapshot_of(
                     checkpoint_dir, version, num_keys, attempt_id, lease.token, self._reusable_for(base)
                 )
-            metrics["uploadMs"] = _ms(t)
+            metrics["uploadMs"] = elapsed_ms(t)
             self._fault_point("commit:uploaded")
             t = time.perf_counter()
             manifest.commit_ms = {k: v for k in _TIMED_STEPS if (v := metrics.get(k)) is not None}
@@ -789,7 +785,7 @@ class RocksDBBackend(StateBackend):
                 self._check_base_intact(base)
             self.remote.publish(manifest_path(version), body)  # the commit point
             published = True
-            metrics["manifestMs"] = _ms(t)
+            metrics["manifestMs"] = elapsed_ms(t)
             self._fault_point("commit:manifest-written")
             if self.local_copies is not None and self._local_copy_due(version, manifest):
                 known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
@@ -1071,7 +1067,7 @@ class RocksDBBackend(StateBackend):
                 "materializedVersion": m.version,
                 "materializeFilesUploaded": len(uploaded),
                 "materializeBytesUploaded": sum(r.size for r in uploaded),
-                "materializeMs": _ms(t),
+                "materializeMs": elapsed_ms(t),
             }
         finally:
             shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
