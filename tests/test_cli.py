@@ -1,7 +1,8 @@
 """The `pystatestore` command and the API under it, on checkpoints of real queries: `read` equals
 `spark.read.format("statestore")` row for row (nested, null, decimal, date, timestamp, binary, map
 and array values included), `--key` finds the row Spark's reader shows, `verify` passes healthy
-checkpoints and names each kind of damage, and `gc --dry-run` lists what maintenance deletes."""
+checkpoints and names each kind of damage, `gc --dry-run` lists what maintenance deletes, and all of
+it works on a checkpoint served by a local S3 server."""
 
 from __future__ import annotations
 
