@@ -297,13 +297,11 @@ class StoreReader:
         """`version` restored (see `_load`), closed afterwards."""
         with self._download_progress(version):
             state = self._load(version)
-        if isinstance(state, dict):
-            yield state
-            return
         try:
             yield state
         finally:
-            state.close()
+            if not isinstance(state, dict):
+                state.close()
 
     @contextmanager
     def _download_progress(self, version: int) -> Iterator[None]:

@@ -13,20 +13,22 @@ next). Values are what `unsafe_row` decodes: ints, Decimal, str, bytes, date, da
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import math
 import struct
 from typing import Any
 
-from .unsafe_row import MAX_LONG_DECIMAL_DIGITS, SparkType, UnsupportedTypeError, java_big_integer_bytes
+from .unsafe_row import (
+    MAX_LONG_DECIMAL_DIGITS,
+    SparkType,
+    UnsupportedTypeError,
+    epoch_number,
+    java_big_integer_bytes,
+    unscaled_of,
+)
 
 SEED = 42  # Murmur3Hash's seed in HashPartitioning
 _C1, _C2 = 0xCC9E2D51, 0x1B873593
 _MASK = 0xFFFFFFFF
-_EPOCH_DATE = dt.date(1970, 1, 1)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 
 
 def _rotl(x: int, r: int) -> int:
@@ -85,11 +87,11 @@ def hash_value(t: SparkType, value: Any, seed: int) -> int:
     if name in ("byte", "short", "integer", "year-month interval"):
         return hash_int(value, seed)
     if name == "date":
-        return hash_int((value - _EPOCH_DATE).days, seed)
+        return hash_int(epoch_number(name, value), seed)
     if name == "long":
         return hash_long(value, seed)
     if name in ("timestamp", "timestamp_ntz", "day-time interval"):
-        return hash_long(_micros(name, value), seed)
+        return hash_long(epoch_number(name, value), seed)
     if name == "float":
         if value == 0.0 or math.isnan(value):  # -0.0 hashes as 0; NaN as Java's one NaN
             return hash_int(0 if value == 0.0 else 0x7FC00000, seed)
@@ -99,7 +101,7 @@ def hash_value(t: SparkType, value: Any, seed: int) -> int:
             return hash_long(0 if value == 0.0 else 0x7FF8000000000000, seed)
         return hash_long(struct.unpack("<q", struct.pack("<d", value))[0], seed)
     if name == "decimal":
-        unscaled = int(decimal.Decimal(value).scaleb(t.scale))
+        unscaled = unscaled_of(t, value)
         if t.precision <= MAX_LONG_DECIMAL_DIGITS:
             return hash_long(unscaled, seed)
         return hash_bytes(java_big_integer_bytes(unscaled), seed)
@@ -117,16 +119,6 @@ def hash_value(t: SparkType, value: Any, seed: int) -> int:
             seed = hash_value(t.element, v, seed)
         return seed
     raise UnsupportedTypeError(f"Spark type {name} has no partition hash here")
-
-
-def _micros(name: str, value: Any) -> int:
-    if name == "day-time interval":
-        delta = value
-    elif name == "timestamp":
-        delta = value - _EPOCH
-    else:
-        delta = value - _EPOCH_NAIVE
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def partition_of(key_type: SparkType, key: tuple[Any, ...], num_partitions: int) -> int:

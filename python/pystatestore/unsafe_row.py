@@ -290,7 +290,8 @@ def java_big_integer_bytes(unscaled: int) -> bytes:
     return unscaled.to_bytes(bit_length // 8 + 1, "big", signed=True)
 
 
-def _unscaled(t: SparkType, value: Any) -> int:
+def unscaled_of(t: SparkType, value: Any) -> int:
+    """A decimal's unscaled integer, checked against the type's precision and scale."""
     scaled = decimal.Decimal(value).scaleb(t.scale)
     if scaled != scaled.to_integral_value():
         raise ValueError(f"{value} has more than the {t.scale} decimal places of decimal({t.precision},{t.scale})")
@@ -300,21 +301,35 @@ def _unscaled(t: SparkType, value: Any) -> int:
     return unscaled
 
 
+def epoch_number(type_name: str, value: Any) -> int:
+    """The number Spark stores (and hashes) for a date (days since 1970-01-01), a timestamp
+    (microseconds since the epoch) or a day-time interval (microseconds)."""
+    if type_name == "date":
+        return (value - _EPOCH_DATE).days
+    if type_name == "day-time interval":
+        delta = value
+    else:
+        delta = value - (_EPOCH if type_name == "timestamp" else _EPOCH_NAIVE)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 def _fixed_bytes(t: SparkType, value: Any) -> bytes:
     """A fixed-width value's bytes, as Spark's UnsafeWriter puts them in an 8-byte slot."""
     if t.name == "decimal":
-        return struct.pack("<q", _unscaled(t, value))
-    if t.name == "date":
-        value = (value - _EPOCH_DATE).days
-    elif t.name in ("timestamp", "timestamp_ntz", "day-time interval"):
-        delta = value if t.name == "day-time interval" else value - (_EPOCH if t.name == "timestamp" else _EPOCH_NAIVE)
-        value = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return struct.pack("<q", unscaled_of(t, value))
+    if t.name in ("date", "timestamp", "timestamp_ntz", "day-time interval"):
+        value = epoch_number(t.name, value)
     elif t.name in ("float", "double") and value == 0.0:
         value = 0.0  # Spark normalizes -0.0 in keys
     return struct.pack(_FIXED[t.name][0], value)
 
 
-def _encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
+def encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
+    """The UnsafeRow Spark writes for `values` (as `decode_row` returns them: nested structs as
+    tuples) byte for byte, so it can be looked up in a store: padding and unused slot bytes are
+    zero, strings are padded to whole words, NaN and -0.0 normalized. Numbers, strings, binary,
+    decimals, dates, timestamps, intervals and nested structs; arrays and maps raise
+    UnsupportedTypeError."""
     n = len(t.fields)
     if len(values) != n:
         raise ValueError(f"a row of {n} fields cannot hold {len(values)} values")
@@ -330,7 +345,7 @@ def _encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
         if ft.name == "decimal" and not ft.fixed_width:
             # UnsafeRowWriter reserves 16 zeroed bytes for a long decimal, null or not
             offset = len(fixed) + len(variable)
-            data = b"" if value is None else java_big_integer_bytes(_unscaled(ft, value))
+            data = b"" if value is None else java_big_integer_bytes(unscaled_of(ft, value))
             if len(data) > 16:
                 raise ValueError(f"{value} does not fit decimal({ft.precision},{ft.scale})")
             variable += data + bytes(16 - len(data))
@@ -348,29 +363,13 @@ def _encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
             elif ft.name == "binary":
                 data = bytes(value)
             elif ft.name == "struct":
-                data = _encode_row(ft, value)
+                data = encode_row(ft, value)
             else:
                 raise UnsupportedTypeError(f"Spark type {ft.name} cannot be encoded without Spark")
             offset = len(fixed) + len(variable)
             variable += data + bytes(-len(data) % 8)
             fixed[at : at + 8] = ((offset << 32) | len(data)).to_bytes(8, "little")
     return bytes(fixed + variable)
-
-
-def encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
-    """The UnsafeRow Spark writes for `values` (as `decode_row` returns them: nested structs as
-    tuples) byte for byte, so it can be looked up in a store: padding and unused slot bytes are
-    zero, strings are padded to whole words, NaN and -0.0 normalized. Numbers, strings, binary,
-    decimals, dates, timestamps, intervals and nested structs; arrays and maps raise
-    UnsupportedTypeError."""
-    return _encode_row(t, values)
-
-
-def stored_key(row: bytes, key_encoding: str) -> bytes:
-    """The bytes a store keeps for a key row (the inverse of key_row_bytes for raw keys)."""
-    if key_encoding != KEY_ENCODING_RAW:
-        raise UnsupportedTypeError(f"keys encoded as {key_encoding} are found by a scan, not a lookup")
-    return row
 
 
 def key_row_bytes(key: bytes, key_encoding: str) -> memoryview:
