@@ -3,8 +3,9 @@
 # installed wheel:
 #   - the whole suite (unit, model-based, JVM contract, end-to-end on local[2] and
 #     local-cluster[2,1,1024], faults, security) on the default Spark minor (what pip gives);
-#   - the contract suite, the end-to-end suite, the GC test and the offline reader's comparison
-#     with Spark's state reader on every other supported minor,
+#   - the contract suite, the end-to-end suite (on local-cluster[2,1,1024] only: local[2] runs the
+#     same provider code in one JVM), the GC test and the offline reader's comparison with Spark's
+#     state reader on every other supported minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
 # Extra arguments go to the default minor's pytest. Ends with one line that totals every run.
 set -euo pipefail
@@ -38,7 +39,8 @@ OTHER_MINOR_TESTS=(
 for minor in $(.venv/bin/python -c "from pystatestore.spark_minors import BUILT_AGAINST, DEFAULT_MINOR
 print(' '.join(m for m in BUILT_AGAINST if m != DEFAULT_MINOR))"); do
   pyspark_dir=$(.venv/bin/python scripts/build_jar.py --pyspark-path "$minor")
-  PYTHONPATH="$pyspark_dir" run_suite "$minor" "${OTHER_MINOR_TESTS[@]}"
+  PYTHONPATH="$pyspark_dir" PYSTATESTORE_TEST_MASTERS="local-cluster[2,1,1024]" \
+    run_suite "$minor" "${OTHER_MINOR_TESTS[@]}"
 done
 
 .venv/bin/python scripts/test_totals.py "$results"/*.xml || status=1
