@@ -2,9 +2,11 @@
 # The thorough run of the model-based test (tests/test_model.py): 10,000 random histories of up to
 # 40 steps (commits, aborts, reloads, maintenance, simulated crashes, a second instance) against a
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
-# compaction). CI runs 150 histories of 30 steps each. About an hour of CPU per state machine, so
-# the machines run side by side, as many at once as there are cores (MODEL_JOBS overrides), each
-# with its own log under .test-results/model-check/; pytest's per-test timeout is off here.
+# compaction). CI runs 150 histories of 30 steps each. Well over an hour of CPU per state machine
+# (the changelog machines ran 117 min at two thirds of a core each without finishing, on a 2-core
+# machine with MODEL_JOBS=3), so give it an otherwise idle machine. The machines run side by side,
+# as many at once as there are cores (MODEL_JOBS overrides), each with its own log under
+# .test-results/model-check/; pytest's per-test timeout is off here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
