@@ -2,37 +2,88 @@
 # The thorough run of the model-based test (tests/test_model.py): 10,000 random histories of up to
 # 40 steps (commits, aborts, reloads, maintenance, simulated crashes, a second instance) against a
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
-# compaction). CI runs 150 histories of 30 steps each. Well over an hour of CPU per state machine
-# (the changelog machines ran 117 min at two thirds of a core each without finishing, on a 2-core
-# machine with MODEL_JOBS=3), so give it an otherwise idle machine. The machines run side by side,
-# as many at once as there are cores (MODEL_JOBS overrides), each with its own log under
-# .test-results/model-check/; pytest's per-test timeout is off here.
+# compaction). CI runs 150 histories of 30 steps each.
+#
+# It takes hours of CPU (about 2.5 on a 2-core machine with the machine otherwise idle), more than
+# one working session, so it runs in seeded chunks of MODEL_CHUNK histories (default 1,000; chunk k
+# uses Hypothesis seed k) and is resumable: each finished chunk appends a line to the ledger,
+# bench/model-check-thorough.txt, with the fingerprint of the code under test (the package and the
+# model test), and a later run skips the chunks that already passed on the same code. A change to
+# that code starts the count again. Chunks run MODEL_JOBS at a time (default: the cores), one log
+# each under .test-results/model-check/; pytest's per-test timeout is off here.
+#
+#   bash scripts/model_check.sh            run the chunks still missing, then print the tally
+#   bash scripts/model_check.sh --status   print the tally only
+#
+# Exit 0 only when every state machine has all its histories passed on the current code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 logs=.test-results/model-check
+ledger=${MODEL_LEDGER:-bench/model-check-thorough.txt}
 mkdir -p "$logs"
 jobs=${MODEL_JOBS:-$(nproc)}
-machines=(TestSnapshotModel TestChangelogModel TestCompactChangelogModel test_the_model_configuration_compacts)
-status=0
-running=0
-for m in "${machines[@]}"; do
-  if [ "$running" -ge "$jobs" ]; then
-    wait -n || status=1
-    running=$((running - 1))
+chunk=${MODEL_CHUNK:-1000}
+histories=${MODEL_HISTORIES:-10000}
+chunks=$(( (histories + chunk - 1) / chunk ))
+machines=(TestSnapshotModel TestChangelogModel TestCompactChangelogModel)
+# What a passing chunk vouches for: the package's code and the model test with its helpers.
+code=$(find python/pystatestore tests/test_model.py tests/backend_support.py -name '*.py' -type f | LC_ALL=C sort |
+  xargs sha256sum | sha256sum | cut -c1-12)
+touch "$ledger"
+
+passed_chunk() {  # machine, chunk index: passed on this code?
+  grep -qE "^$1 chunk $2/$chunks seed $2 histories $chunk steps 40 code $code: passed" "$ledger"
+}
+
+tally() {
+  local complete=1
+  for m in "${machines[@]}"; do
+    local done_=0
+    for k in $(seq 1 "$chunks"); do passed_chunk "$m" "$k" && done_=$((done_ + 1)); done
+    local n=$((done_ * chunk)); [ "$n" -gt "$histories" ] && n=$histories
+    echo "model_check: $m: $n of $histories histories passed on code $code ($done_ of $chunks chunks)"
+    [ "$done_" -eq "$chunks" ] || complete=0
+  done
+  if grep -qE "code $code: FAILED" "$ledger"; then
+    echo "model_check: FAILED on this code:"; grep -E "code $code: FAILED" "$ledger" | sed "s/^/    /"
+    return 1
   fi
-  echo "model_check: $m (log: $logs/$m.log)"
-  PYSTATESTORE_MODEL_PROFILE=${PYSTATESTORE_MODEL_PROFILE:-thorough} .venv/bin/python -m pytest -q -p no:cacheprovider -o timeout=0 \
-    --hypothesis-show-statistics "tests/test_model.py::$m" "$@" > "$logs/$m.log" 2>&1 &
-  running=$((running + 1))
+  [ "$complete" -eq 1 ] && echo "model_check: every state machine passed $histories histories" && return 0
+  echo "model_check: not complete yet: run it again to resume"
+  return 1
+}
+
+if [ "${1:-}" = "--status" ]; then tally; exit $?; fi
+
+run_chunk() {  # machine, chunk index
+  local m=$1 k=$2 log="$logs/$1-chunk$2.log" start=$SECONDS
+  if PYSTATESTORE_MODEL_PROFILE=thorough PYSTATESTORE_MODEL_EXAMPLES=$chunk .venv/bin/python -m pytest -q \
+    -p no:cacheprovider -o timeout=0 --hypothesis-seed="$k" --hypothesis-show-statistics \
+    "tests/test_model.py::$m" > "$log" 2>&1; then
+    result="passed ($(grep -oE '[0-9]+ passing, [0-9]+ failing, and [0-9]+ invalid' "$log" | head -1))"
+  else
+    result="FAILED (log: $log; replay: PYSTATESTORE_MODEL_PROFILE=thorough PYSTATESTORE_MODEL_EXAMPLES=$chunk"
+    result+=" .venv/bin/python -m pytest --hypothesis-seed=$k tests/test_model.py::$m)"
+  fi
+  # One short line per append: lines of parallel chunks never interleave.
+  echo "$m chunk $k/$chunks seed $k histories $chunk steps 40 code $code: $result in $((SECONDS - start)) s," \
+    "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, MODEL_JOBS=$jobs" >> "$ledger"
+  echo "model_check: $m chunk $k/$chunks: $result in $((SECONDS - start)) s"
+}
+
+echo "model_check: code $code, $chunks chunks of $chunk histories per state machine, $jobs at a time"
+echo "model_check: test_the_model_configuration_compacts"
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_model.py::test_the_model_configuration_compacts \
+  > "$logs/configuration.log" 2>&1 || { echo "model_check: the model's configuration no longer compacts ($logs/configuration.log)"; exit 1; }
+running=0
+for k in $(seq 1 "$chunks"); do  # chunk-major, so every machine advances alike
+  for m in "${machines[@]}"; do
+    passed_chunk "$m" "$k" && continue
+    if [ "$running" -ge "$jobs" ]; then wait -n || true; running=$((running - 1)); fi
+    run_chunk "$m" "$k" &
+    running=$((running + 1))
+  done
 done
-while [ "$running" -gt 0 ]; do
-  wait -n || status=1
-  running=$((running - 1))
-done
-for m in "${machines[@]}"; do
-  echo "model_check: $m: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$logs/$m.log" | tail -1)"
-  grep -E "[0-9]+ passing, [0-9]+ failing" "$logs/$m.log" | sed "s/^ */    /" || true
-done
-[ "$status" -eq 0 ] && echo "model_check: every state machine passed" || echo "model_check: FAILED (logs above)"
-exit $status
+wait
+tally
