@@ -240,3 +240,88 @@ def test_a_copy_whose_marker_does_not_describe_it_is_ignored(tmp_path: Path, fie
     b, result = restore(tmp_path / "store", tmp_path / "w2", rec, 3)
     assert result.metrics["restoreLocalFiles"] == 0
     assert state_of(b, 3) == expected
+
+
+def removing_the_copy_at_the_first_restored_file(recovery: Path) -> object:
+    """A fault hook: when the first file of a restore from a local copy is in place, the copy
+    directory it comes from is removed, as another instance of the store on this host does when
+    its commit prunes older copies (the model test found this: a competing attempt's commit)."""
+    removed: list[Path] = []
+
+    def hook(point: str) -> None:
+        if point == "restore:file" and not removed:
+            newest = max(recovery.rglob(MARKER), key=lambda p: int(p.parent.name.split("-")[0])).parent
+            shutil.rmtree(newest)
+            removed.append(newest)
+
+    return hook
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_pruned_while_it_is_restored_falls_back_to_the_checkpoint(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode=mode)
+    b = make_backend(
+        "rocksdb", tmp_path / "store", tmp_path / "w2", options={"localRecoveryDir": str(tmp_path / "rec")}
+    )
+    b.fault_hook = removing_the_copy_at_the_first_restored_file(tmp_path / "rec")
+    with caplog.at_level(logging.WARNING, logger="pystatestore.rocksdb"):
+        result = b.load(3)
+    assert "was removed while it was being restored" in caplog.text and "version 3" in caplog.text
+    assert result.metrics["restoreRemoteFiles"] > 0 or result.metrics["restoreChangelogVersions"] > 0
+    assert state_of(b, 3) == expected
+    b.fault_hook = None
+    commit(b, 3, changes({b"after": b"1"}), "t4")  # the store goes on from what it restored
+    assert state_of(make_backend("rocksdb", tmp_path / "store", tmp_path / "w3"), 4) == expected | {b"after": b"1"}
+
+
+def test_a_local_file_removed_between_check_and_link_is_downloaded(tmp_path: Path) -> None:
+    """A snapshot restore takes single files from any copy that has them; one pruned between its
+    check and its link is downloaded instead."""
+    expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode="snapshot")
+    for marker in list((tmp_path / "rec").rglob(MARKER)):  # no whole copy of version 3: file by file
+        if marker.parent.name.startswith("3-"):
+            shutil.rmtree(marker.parent)
+    b = make_backend(
+        "rocksdb", tmp_path / "store", tmp_path / "w2", options={"localRecoveryDir": str(tmp_path / "rec")}
+    )
+    assert b.local_copies is not None
+    find = b.local_copies.find
+    pruned: list[Path] = []
+
+    def find_then_prune(*args: object, **kwargs: object) -> Path | None:
+        found = find(*args, **kwargs)
+        if found is not None and found.suffix == ".sst" and not pruned:
+            found.unlink()
+            pruned.append(found)
+        return found
+
+    b.local_copies.find = find_then_prune  # type: ignore[method-assign]
+    result = b.load(3)
+    assert pruned and result.metrics["restoreRemoteFiles"] >= 1
+    assert state_of(b, 3) == expected
+
+
+def test_a_copy_pruned_while_it_is_saved_skips_that_version_only(tmp_path: Path) -> None:
+    """Another instance of the store on the host pruning a half-saved copy is a passing race: that
+    version has no copy, and the next commit keeps one again (it used to turn copies off for the
+    worker's life)."""
+    rec = tmp_path / "rec"
+    b = make_backend(
+        "rocksdb", tmp_path / "store", tmp_path / "w1", options={"localRecoveryDir": str(rec)}, mode="snapshot"
+    )
+    assert b.local_copies is not None
+
+    def prune_the_half_saved_copy(point: str) -> None:
+        if point == "local-save:moved":
+            for d in list(rec.glob("v1/*/*")):
+                if not (d / MARKER).exists():
+                    shutil.rmtree(d)
+
+    b.local_copies.hook = prune_the_half_saved_copy
+    commit(b, 0, changes({b"a": b"1"}), "t1")
+    b.local_copies.hook = None
+    assert not list(rec.rglob(MARKER)) and b.local_copies.enabled
+    commit(b, 1, changes({b"b": b"2"}), "t2")
+    assert [m.parent.name.split("-")[0] for m in rec.rglob(MARKER)] == ["2"]

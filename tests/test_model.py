@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -580,3 +581,40 @@ def test_an_empty_commit_uploads_nothing_once_compactions_settle(tmp_path: Path)
             commit(b, 3, changes(), "t4", num_keys=10)  # a SimulatedCrashError here: it uploaded a file
         finally:
             b.close()
+
+
+def test_a_competing_attempt_prunes_the_local_copy_a_restore_is_using(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history the thorough run found (seed 4, snapshot commits), as it shrank: the store is
+    re-run from version 13, whose local copy it restores; at the first restored file, another
+    instance on the host commits a competing attempt at 14 and prunes the copy of 13. The restore
+    used to fail with FileNotFoundError; it must take version 13 from the checkpoint instead."""
+    monkeypatch.setitem(globals(), "event", lambda _text: None)  # statistics exist only inside Hypothesis
+    state = BackendModel()
+    state.setup()
+    try:
+
+        def step(action: Callable[[], None]) -> None:
+            action()
+            state.retained_manifests_reference_only_existing_files()
+            state.every_retained_version_reloads_exactly()
+
+        step(lambda: state.crash_during_commit(point="restore:file"))
+        step(lambda: state.remove(key=b"k00"))
+        for _ in range(11):
+            step(state.commit)
+        step(
+            lambda: state.other_instance_acts_during_a_commit(
+                point="restore:file", action="gc-now", other_keys=[b"k32"]
+            )
+        )
+        step(lambda: state.put_many(keys=KEYS[:5], size=1))
+        step(state.commit)
+        assert state.base == 14 and 13 in state.committed
+        state.base, state.pending = 13, {}  # reload_older_version drew 13
+        step(
+            lambda: state.other_instance_acts_during_a_commit(
+                point="restore:file", action="competing-commit", other_keys=[]
+            )
+        )
+    finally:
+        state.teardown()

@@ -196,6 +196,12 @@ class LocalRecoveryStore:
             # The copies listed before this one plus this one: no second scan of every marker.
             self.prune(keep_newest=self.versions_kept, complete=[LocalCopy(version, manifest_id, target), *previous])
             return SaveResult(True, copied)
+        except FileNotFoundError as e:
+            # Every directory was made above, so something removed what this save was writing:
+            # another instance of the store on this host (a retried or speculative task) pruned
+            # it, a race that passes. This version goes without a copy; later ones get theirs.
+            log.info("local copy of store %s version %d not kept: %s", self.store_dir, version, e)
+            return SaveResult(False)
         except OSError as e:
             self._disable(f"{type(e).__name__}: {e}")
             return SaveResult(False)

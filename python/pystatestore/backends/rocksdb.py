@@ -134,6 +134,19 @@ def _link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
     shutil.copy2(src, dst)
 
 
+def _take_local_file(src: Path, dst: Path, *, link: bool) -> bool:
+    """`_link_or_copy` of a file from a local recovery copy; False when the copy's file is gone.
+    Copies are shared by every instance of a store on the host (a retried or speculative task of
+    the same partition), and another instance's commit may prune a copy this one is restoring
+    from: the caller then takes that state from the checkpoint instead."""
+    try:
+        _link_or_copy(src, dst, link=link)
+        return True
+    except FileNotFoundError:
+        dst.unlink(missing_ok=True)
+        return False
+
+
 @dataclass
 class Materialization:
     """A snapshot of the newest changelog version being made by maintenance: prepared under the
@@ -315,8 +328,7 @@ class RocksDBBackend(StateBackend):
             if self._db_is(m):
                 break  # the local DB is a version this chain passes through: replay the rest
             copy = self.local_copies.verified_copy(m.version, m.manifest_id) if self.local_copies else None
-            if copy is not None:
-                self._restore_from_copy(m, copy, restore)
+            if copy is not None and self._restore_from_copy(m, copy, restore):
                 break
             snapshot = m if not m.is_changelog else self.read_snapshot(m.version, m.manifest_id)
             if snapshot is not None:
@@ -409,21 +421,37 @@ class RocksDBBackend(StateBackend):
         )
         return snapshot, uploaded
 
-    def _restore_from_copy(self, m: Manifest, copy: dict[str, Path], restore: _Restore) -> None:
+    def _restore_from_copy(self, m: Manifest, copy: dict[str, Path], restore: _Restore) -> bool:
+        """The local DB from the verified local copy `copy` of version `m`. False, with nothing left
+        behind, when the copy was pruned part way (see `_take_local_file`)."""
         db_dir = self._fresh_dir(f"db-{m.version}")
+        files, size = 0, 0
         try:
             for name, src in copy.items():
-                _link_or_copy(src, db_dir / name, link=name.endswith(".sst"))
-                restore.local_files += 1
-                restore.local_bytes += src.stat().st_size
+                dst = db_dir / name
+                if not _take_local_file(src, dst, link=name.endswith(".sst")):
+                    log.warning(
+                        "local recovery copy %s of store %s (version %d) was removed while it was being "
+                        "restored (another instance of the store on this host pruned it); restoring from "
+                        "the checkpoint instead",
+                        src.parent,
+                        self.ctx.store_dir,
+                        m.version,
+                    )
+                    shutil.rmtree(db_dir, ignore_errors=True)
+                    return False
+                files, size = files + 1, size + dst.stat().st_size
                 self._fault_point("restore:file")
             self._open(db_dir, m.version, m)
         except BaseException:
             shutil.rmtree(db_dir, ignore_errors=True)
             raise
+        restore.local_files += files
+        restore.local_bytes += size
         # The copy's files carry the names of the lineage that wrote it: a snapshot of that version
         # lists them; for a changelog version nothing says which snapshot's files they are.
         self._ancestor = None if m.is_changelog else m
+        return True
 
     def _restore_files(self, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
         """Puts every file of snapshot `manifest` into `db_dir`: stored inside the manifest, from
@@ -444,10 +472,9 @@ class RocksDBBackend(StateBackend):
                 if self.local_copies
                 else None
             )
-            if found is None:
+            if found is None or not _take_local_file(found, target, link=name.endswith(".sst")):
                 missing.append((ref, name))
                 continue
-            _link_or_copy(found, target, link=name.endswith(".sst"))
             local_files, local_bytes = local_files + 1, local_bytes + ref.size
             self._fault_point("restore:file")
         stats = download_all(self.remote, missing, db_dir, self.threads, version=version, hook=self._fault_point)
