@@ -4,7 +4,7 @@
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
 # compaction). CI runs 150 histories of 30 steps each.
 #
-# It takes hours of CPU (about 2.5 on a 2-core machine with the machine otherwise idle), more than
+# It takes hours (2.2 on an otherwise idle 2-core machine: 450-630 s a chunk, two at a time), more than
 # one working session, so it runs in seeded chunks of MODEL_CHUNK histories (default 1,000; chunk k
 # uses Hypothesis seed k) and is resumable: each finished chunk appends a line to the ledger,
 # bench/model-check-thorough.txt, with the fingerprint of the code under test (the package and the
