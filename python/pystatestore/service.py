@@ -230,8 +230,12 @@ class StoreService:
                 )
             snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
             release_free_memory()
+            # The version the shim reports to Spark's coordinator as its newest snapshot, if this
+            # call made one: the commit itself (snapshot commits), or the one Spark forced.
+            snapshot_version = result.version if result.snapshot else snapshot.get("materializedVersion")
             return {
                 **snapshot,
+                **({"snapshotVersion": snapshot_version} if snapshot_version else {}),
                 "workerRssBytes": worker_rss_bytes(),
                 "version": result.version,
                 "manifestId": result.manifest_id,

@@ -107,6 +107,7 @@ class CommitResult:
     manifest: str
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
     manifest_id: str = ""
+    snapshot: bool = False  # the version was committed as a snapshot (restores need no changes replayed)
 
 
 class ParsedManifests:

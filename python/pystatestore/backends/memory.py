@@ -138,7 +138,13 @@ class MemoryBackend(StateBackend):
             self.remote.publish(manifest_path(version), body)  # the commit point
         self._remember(version, state, manifest.manifest_id)
         return CommitResult(
-            version, len(state), snapshot.size + len(body), 2, manifest_path(version), manifest_id=manifest.manifest_id
+            version,
+            len(state),
+            snapshot.size + len(body),
+            2,
+            manifest_path(version),
+            manifest_id=manifest.manifest_id,
+            snapshot=True,  # every version is a full state frame
         )
 
     def _after_retention(self, plan: RetentionPlan) -> None:

@@ -844,6 +844,7 @@ class RocksDBBackend(StateBackend):
             manifest_path(version),
             metrics,
             manifest_id=manifest.manifest_id,
+            snapshot=not manifest.is_changelog,
         )
 
     def _check_base_intact(self, base: Manifest) -> None:

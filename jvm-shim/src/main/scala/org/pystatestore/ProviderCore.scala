@@ -58,6 +58,15 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   @volatile private var hasCommitted = false
   private var counted = false
 
+  /** Where Spark's state store coordinator tracks this store (None outside a running query). */
+  private var coordinatorId: Option[StateStoreProviderId] = None
+  /** The newest version this store made a snapshot of (-1: none yet), as told to the coordinator. */
+  private val lastSnapshot = new java.util.concurrent.atomic.AtomicLong(-1L)
+  /** Snapshots made since the last commit's metrics took the count. */
+  private val snapshotsSinceCommit = new java.util.concurrent.atomic.AtomicLong(0L)
+  /** Spark's coordinator judges a store lagging once its snapshots trail by more versions than this. */
+  private var laggingAfterVersions = Long.MaxValue
+
   /** Worker generation in which `openStore` was last called for this store. */
   private var openedInGeneration = -1
   private var handle: String = _
@@ -126,6 +135,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     }
     val location = stateStoreId.storeCheckpointLocation()
     storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
+    coordinatorId = if (storeConfs.reportSnapshotUploadLag) SparkInternals.providerId(stateStoreId, hadoopConf) else None
+    laggingAfterVersions = storeConfs.minDeltasForSnapshot.toLong * storeConfs.sqlConfs
+      .get("spark.sql.streaming.stateStore.multiplierForMinVersionDiffToLog").flatMap(_.trim.toLongOption).getOrElse(5L)
     workerOptions = storeConfs.sqlConfs.collect {
       case (k, v) if k.startsWith(WorkerLaunchSpec.ConfPrefix) =>
         k.stripPrefix(WorkerLaunchSpec.ConfPrefix) -> JString(v)
@@ -277,6 +289,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     val what = parts.mkString(",")
     try {
       val reply = callWorker(s"maintenance ($what) of store $describeStore")(_.maintenance(_, what))
+      versionField(reply, "materializedVersion").foreach(snapshotMade)
       logDebug(s"Maintenance ($what) of $describeStore: ${compact(render(reply))}")
     } catch {
       case NonFatal(e) => logWarning(s"Maintenance ($what) of $describeStore failed; will retry", e)
@@ -302,6 +315,24 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = AllCustomMetrics
+
+  /** Spark's own per-store metric of the newest snapshot version, as its built-in providers report it. */
+  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = Seq(SparkInternals.snapshotLastUploaded)
+
+  /**
+   * `version` of this store is now a snapshot (a snapshot commit, one Spark forced, or one maintenance
+   * made): counted for the metrics and reported to Spark's coordinator, which otherwise judges the
+   * store lagging and forces a snapshot on every commit (Spark 4.2+).
+   */
+  private def snapshotMade(version: Long): Unit = {
+    snapshotsSinceCommit.incrementAndGet()
+    lastSnapshot.accumulateAndGet(version, math.max)
+    coordinatorId.foreach(SnapshotReports.snapshotMade(_, version))
+  }
+
+  /** Spark's SnapshotLastUploaded instance metric of this store, for a store's metrics. */
+  private[pystatestore] def instanceMetrics: Map[StateStoreInstanceMetric, Long] = Map(
+    SparkInternals.snapshotLastUploaded.withNewId(storeIdValue.partitionId, storeIdValue.storeName) -> lastSnapshot.get)
 
   override def toString: String = s"$ProviderName[$describeStore]"
 
@@ -481,6 +512,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           throw e
       }
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
+      versionField(reply, "snapshotVersion").foreach(snapshotMade)
       val state: CommittedVersion = heapBase match {
         case Some(heap) =>
           val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {
@@ -506,7 +538,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         MetricBridgeMs -> (writtenAt - started) / 1000000,
         MetricChangedRows -> changedRows,
         MetricKeysLookedUp -> lookedUp,
-        MetricFrameBytes -> frameBytes))
+        MetricFrameBytes -> frameBytes,
+        MetricSnapshotsMade -> snapshotsSinceCommit.getAndSet(0L),
+        MetricSnapshotsForced -> (if (forceSnapshot) 1L else 0L),
+        MetricStoresLagging -> (if (newVersion - lastSnapshot.get > laggingAfterVersions) 1L else 0L)))
     } finally file.delete()
   }
 
@@ -611,6 +646,9 @@ object ProviderCore {
   val MetricJvmBlockCacheBytes = "pystatestoreJvmBlockCacheBytes"
   val MetricKeysLookedUp = "pystatestoreKeysLookedUpAtCommit"
   val MetricWorkerRssBytes = "pystatestoreWorkerRssBytes"
+  val MetricSnapshotsMade = "pystatestoreSnapshotsMade"
+  val MetricSnapshotsForced = "pystatestoreSnapshotsForced"
+  val MetricStoresLagging = "pystatestoreStoresLagging"
 
   /** Commit metrics the worker reports in its reply: (metric name, reply field). */
   val WorkerReplyMetrics: Seq[(String, String)] = Seq(
@@ -694,7 +732,14 @@ object ProviderCore {
     StateStoreCustomSumMetric("pystatestoreRestoreChangelogVersions",
       "pystatestore: changelog versions replayed on top of a snapshot to rebuild local state"),
     StateStoreCustomSizeMetric("pystatestoreRestoreChangelogBytes",
-      "pystatestore: bytes of changelog replayed to rebuild local state"))
+      "pystatestore: bytes of changelog replayed to rebuild local state"),
+    StateStoreCustomSumMetric(MetricSnapshotsMade,
+      "pystatestore: snapshots made (snapshot commits, forced, and by maintenance), each reported to Spark's coordinator"),
+    StateStoreCustomSumMetric(MetricSnapshotsForced,
+      "pystatestore: commits Spark asked to be snapshots (forceSnapshotOnCommit: the store was judged lagging)"),
+    StateStoreCustomSumMetric(MetricStoresLagging,
+      "pystatestore: stores whose newest snapshot reported to Spark's coordinator trails the committed version " +
+        "by more than Spark's lag rule (multiplierForMinVersionDiffToLog x minDeltasForSnapshot versions)"))
 
   private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
     val row = new UnsafeRow(numFields)
@@ -706,6 +751,10 @@ object ProviderCore {
     case JString(s) => s
     case _ => ""
   }
+
+  /** A version the reply names, if it names one. */
+  private[pystatestore] def versionField(json: JValue, name: String): Option[Long] =
+    Some(longField(json, name)).filter(_ > 0)
 
   private[pystatestore] def longField(json: JValue, name: String): Long = json \ name match {
     case JInt(v) => v.toLong
@@ -966,7 +1015,7 @@ abstract class PythonStateStoreCore(
     val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
       k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
     }.toMap
-    StateStoreMetrics(keys, memoryWithWorker, ProviderCore.metricsMap(combined), Map.empty)
+    StateStoreMetrics(keys, memoryWithWorker, ProviderCore.metricsMap(combined), provider.instanceMetrics)
   }
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =

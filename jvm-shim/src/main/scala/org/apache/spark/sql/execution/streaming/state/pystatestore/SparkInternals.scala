@@ -1,8 +1,12 @@
 package org.apache.spark.sql.execution.streaming.state.pystatestore
 
+import java.util.UUID
+
+import org.apache.hadoop.conf.Configuration
+
 import org.apache.spark.sql.errors.QueryExecutionErrors
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
-import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStoreErrors, SupportsFineGrainedReplay}
+import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStoreErrors, StateStoreId, StateStoreInstanceMetric, StateStoreProvider, StateStoreProviderId, StateStoreSnapshotLastUploadInstanceMetric, SupportsFineGrainedReplay}
 import org.apache.spark.util.NextIterator
 
 /**
@@ -29,6 +33,27 @@ object SparkInternals {
 
   def unsupportedOperation(operation: String, entity: String): Throwable =
     StateStoreErrors.unsupportedOperationException(operation, entity)
+
+  /**
+   * The provider id Spark's state store coordinator tracks the store under (the store and the
+   * query's run id), or None for a provider opened outside a running query (the state reader).
+   */
+  def providerId(storeId: StateStoreId, hadoopConf: Configuration): Option[StateStoreProviderId] = {
+    // getRunId asserts that the run id is set: only a running query's tasks set it.
+    val runId = try Option(StateStoreProvider.getRunId(hadoopConf)) catch { case _: AssertionError => None }
+    runId.filter(_.nonEmpty).map(id => StateStoreProviderId(storeId, UUID.fromString(id)))
+  }
+
+  /**
+   * Tells Spark's state store coordinator that `version` of the store is now a snapshot, as Spark's
+   * own providers do after each snapshot upload: from 4.2 a store that never reports is judged
+   * lagging and Spark forces a snapshot on each of its commits. False when there is no coordinator.
+   */
+  def reportSnapshotUploaded(id: StateStoreProviderId, version: Long, timestampMs: Long): Boolean =
+    StateStoreProvider.coordinatorRef.exists(_.snapshotUploaded(id, version, timestampMs))
+
+  /** Spark's per-store instance metric of the newest snapshot version (shown as SnapshotLastUploaded). */
+  val snapshotLastUploaded: StateStoreInstanceMetric = StateStoreSnapshotLastUploadInstanceMetric()
 }
 
 /**
