@@ -16,7 +16,7 @@ import pytest
 from backend_support import MODES, changes, commit, make_backend, state_of
 from local_recovery_support import damage_one_sst_in_place
 from pystatestore.errors import StoreConfigError
-from pystatestore.local_recovery import MARKER, clean_stale_stores
+from pystatestore.local_recovery import CHANGES_MARKER, MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
 
@@ -177,7 +177,7 @@ def test_maintenance_removes_copies_of_stores_that_are_gone(tmp_path: Path) -> N
     commit_versions(tmp_path / "gone-store", tmp_path / "w1", rec)
     for store_dir in (tmp_path / "gone-store",):
         shutil.rmtree(store_dir)  # the query's checkpoint was deleted
-    for marker in rec.rglob(MARKER):
+    for marker in [*rec.rglob(MARKER), *rec.rglob(CHANGES_MARKER)]:  # the store's copies and kept changes
         os.utime(marker, (time.time() - 7200, time.time() - 7200))
     live = make_backend(
         "rocksdb",
@@ -325,3 +325,111 @@ def test_a_copy_pruned_while_it_is_saved_skips_that_version_only(tmp_path: Path)
     assert not list(rec.rglob(MARKER)) and b.local_copies.enabled
     commit(b, 1, changes({b"b": b"2"}), "t2")
     assert [m.parent.name.split("-")[0] for m in rec.rglob(MARKER)] == ["2"]
+
+
+# -- a same-host restore reads no data from the checkpoint (issue 29) ------------------------------
+DATA_DIRS = ("shared", "private", "changelog")  # everything but manifests (and snapshot manifests)
+
+
+def commit_with_maintenance(
+    store: Path, work: Path, rec: Path, mode: str, versions: int, *, retain: int = 100
+) -> dict[bytes, bytes]:
+    """Changelog or snapshot commits whose changes never fit inside a manifest, a copy every 4th
+    version, and maintenance snapshots every 2 versions (so the checkpoint holds snapshots newer
+    than the newest copy), then garbage collection as if an hour had passed; returns the state of
+    the last version."""
+    b = make_backend(
+        "rocksdb",
+        store,
+        work,
+        retain=retain,
+        options={"localRecoveryDir": str(rec), "localRecoveryInterval": "4", "inlineThresholdBytes": "0"},
+        mode=mode,
+        min_deltas=2,
+    )
+    state: dict[bytes, bytes] = {}
+    for v in range(1, versions + 1):
+        puts = {f"k{(v * 37 + i) % 900:04d}".encode(): f"{v}-{i}".encode() * 4 for i in range(300)}
+        deletes = [k for k in sorted(state)[:20]] if v % 3 == 0 else []
+        commit(b, v - 1, changes(puts, deletes), f"t{v}")
+        state = {k: x for k, x in state.items() if k not in deletes} | puts
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+            b.complete_materialization(job)
+    b.maintenance(now=time.time() + 3600)
+    b.close()
+    return state
+
+
+def hide_data_files(store: Path, aside: Path) -> None:
+    """Moves every data file of the checkpoint out of reach, leaving the manifests: a restore that
+    still succeeds read none of them (the referee does not rely on the restore's own counts)."""
+    aside.mkdir()
+    for name in DATA_DIRS:
+        if (store / name).exists():
+            shutil.move(str(store / name), str(aside / name))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_same_host_restore_reads_no_data_from_the_checkpoint(tmp_path: Path, mode: str) -> None:
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    expected = commit_with_maintenance(store, tmp_path / "w1", rec, mode, versions=10)
+    if mode == "changelog":
+        # The test backend is partition 1: copies of versions 7 and 3; maintenance snapshotted
+        # later versions, which a restore of 10 must pass over for the copy.
+        assert sorted(int(m.parent.name.split("-")[0]) for m in rec.rglob(MARKER)) == [3, 7]
+        assert any(int(p.name.split("-")[0]) > 7 for p in (store / "snapshots").glob("*.json"))
+    hide_data_files(store, tmp_path / "aside")
+    b, result = restore(store, tmp_path / "w2", rec, 10)
+    assert state_of(b, 10) == expected
+    assert (result.metrics["restoreRemoteFiles"], result.metrics["restoreRemoteBytes"]) == (0, 0), result.metrics
+    assert result.bytes_read == 0 and result.source == "local-copy", (result.bytes_read, result.source)
+    if mode == "changelog":
+        assert result.metrics["restoreChangelogVersions"] == 3, result.metrics  # 8, 9, 10 from kept changes
+
+
+def test_kept_changes_go_with_the_copies_they_follow(tmp_path: Path) -> None:
+    """Only the changes after the oldest kept copy stay on the host: older ones can never be replayed."""
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    commit_with_maintenance(store, tmp_path / "w1", rec, "changelog", versions=14)
+    copies = sorted(int(m.parent.name.split("-")[0]) for m in rec.rglob(MARKER))
+    kept = sorted(int(p.name.split("-")[0]) for p in rec.rglob("*.changes"))
+    assert copies == [7, 11] and kept == [8, 9, 10, 11, 12, 13, 14], (copies, kept)
+    assert all(stat.S_IMODE(p.parent.stat().st_mode) == 0o700 for p in rec.rglob("*.changes"))
+
+
+def test_damaged_kept_changes_are_fetched_alone_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    expected = commit_with_maintenance(store, tmp_path / "w1", rec, "changelog", versions=10)
+    damaged = min(rec.rglob("9-*.changes"))
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        b, result = restore(store, tmp_path / "w2", rec, 10)
+    assert result.metrics["restoreRemoteFiles"] == 1, result.metrics  # version 9's changes only
+    assert any(str(damaged) in r.getMessage() for r in caplog.records), caplog.text
+    assert state_of(b, 10) == expected
+
+
+def test_without_local_files_the_restore_comes_from_the_checkpoint(tmp_path: Path) -> None:
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    expected = commit_with_maintenance(store, tmp_path / "w1", rec, "changelog", versions=10)
+    shutil.rmtree(rec)  # a new host, or a wiped disk
+    b, result = restore(store, tmp_path / "w2", rec, 10)
+    assert result.metrics["restoreLocalFiles"] == 0 and result.metrics["restoreRemoteFiles"] > 0, result.metrics
+    assert result.bytes_read > 0
+    assert state_of(b, 10) == expected
+
+
+def test_a_snapshot_passed_over_is_taken_when_gc_removed_the_chain_to_the_copy(tmp_path: Path) -> None:
+    """Retention keeps only the chain back to the newest snapshot: the manifests between it and an
+    older local copy are gone, so the restore takes the snapshot from the checkpoint (found by the
+    model test: the walk past the snapshot read a removed manifest and failed the commit)."""
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    expected = commit_with_maintenance(store, tmp_path / "w1", rec, "changelog", versions=10, retain=1)
+    assert not (store / "manifests" / "7.json").exists()  # the copy's version, collected
+    b, result = restore(store, tmp_path / "w2", rec, 10)
+    assert result.metrics["restoreRemoteFiles"] + result.metrics["restoreInlineSnapshots"] > 0, result.metrics
+    assert state_of(b, 10) == expected

@@ -8,12 +8,19 @@ manifest lists from a local copy when its size and checksum match, and downloads
 missing or damaged. Writing a copy never fails a commit: problems are logged once per store and
 the store carries on without local copies.
 
+Changelog commits keep a copy only every few versions; the changes of the versions in between are
+kept too (the commit's own segment file, moved here once it is uploaded: no copy), so a restore on
+this host replays them from local disk and reads nothing from the checkpoint but manifests.
+
 Layout (everything this module ever deletes lies inside it; every directory is owner-only):
     <root>/v1/<store key>/<version>-<manifest id>/   files of that version's checkpoint
     <root>/v1/<store key>/<version>-<manifest id>/.pystatestore-copy.json   written last
+    <root>/v1/<store key>/changes/<version>-<manifest id>.changes   a changelog version's segment
+    <root>/v1/<store key>/changes/.pystatestore-changes.json   names the store (for stale-store cleanup)
 
 A copy is trusted only if its marker names this store, its version and its manifest id, and each
-file is used only if its size and checksum match the manifest being restored.
+file is used only if its size and checksum match the manifest being restored; a segment only if
+its name gives the version and attempt and its size and checksum match that version's manifest.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ from .remote import local_file_in
 
 MARKER = ".pystatestore-copy.json"
 LAYOUT = "v1"
+CHANGES_DIR = "changes"
+CHANGES_SUFFIX = ".changes"
+CHANGES_MARKER = ".pystatestore-changes.json"
 DEFAULT_VERSIONS_KEPT = 2
 log = logging.getLogger("pystatestore.local_recovery")
 
@@ -194,7 +204,11 @@ class LocalRecoveryStore:
             }
             (target / MARKER).write_text(json.dumps(marker))
             # The copies listed before this one plus this one: no second scan of every marker.
-            self.prune(keep_newest=self.versions_kept, complete=[LocalCopy(version, manifest_id, target), *previous])
+            complete = [LocalCopy(version, manifest_id, target), *previous]
+            self.prune(keep_newest=self.versions_kept, complete=complete)
+            # A restore replays only changes after a kept copy: older kept changes are of no use.
+            oldest_kept = sorted(c.version for c in complete)[-self.versions_kept :][0]
+            self._drop_changes_through(oldest_kept)
             return SaveResult(True, copied)
         except FileNotFoundError as e:
             # Every directory was made above, so something removed what this save was writing:
@@ -356,10 +370,105 @@ class LocalRecoveryStore:
                 shutil.rmtree(d, ignore_errors=True)
 
     def drop_superseded(self, version: int, manifest_id: str) -> None:
-        """Forgets copies of `version` made by an attempt whose manifest another attempt replaced."""
+        """Forgets copies (and kept changes) of `version` made by an attempt whose manifest another
+        attempt replaced."""
         for c in self.copies():
             if c.version == version and c.manifest_id != manifest_id:
                 shutil.rmtree(c.path, ignore_errors=True)
+        for v, mid, path in self._kept_changes():
+            if v == version and mid != manifest_id:
+                path.unlink(missing_ok=True)
+
+    # -- the changes of changelog versions --------------------------------------------------
+    def save_changes(self, version: int, manifest_id: str, segment: Path, *, drop_through: int) -> SaveResult:
+        """Keeps the changelog segment of `version` (the commit's own file, moved here after it was
+        uploaded: nothing is copied on one filesystem) and forgets kept changes of versions up to
+        `drop_through`, which no kept copy needs. Never raises."""
+        if not self.enabled:
+            return SaveResult(False)
+        try:
+            changes = self.dir / CHANGES_DIR
+            for d in (self.root, self.root / LAYOUT, self.dir):
+                make_private_dir(d)
+            make_private_dir(changes)
+            if not (changes / CHANGES_MARKER).exists():
+                (changes / CHANGES_MARKER).write_text(json.dumps({"store": self.store_dir}))
+            target = changes / f"{version}-{manifest_id}{CHANGES_SUFFIX}"
+            copied = 0
+            try:
+                os.replace(segment, target)
+            except OSError:  # another filesystem: copy under a temporary name, then rename
+                tmp = changes / f".{target.name}.tmp"
+                shutil.copyfile(segment, tmp)
+                os.replace(tmp, target)
+                copied = target.stat().st_size
+            self._drop_changes_through(drop_through)
+            return SaveResult(True, copied)
+        except FileNotFoundError as e:  # pruned under us by another instance of the store (see save)
+            log.info("changes of store %s version %d not kept: %s", self.store_dir, version, e)
+            return SaveResult(False)
+        except OSError as e:
+            self._disable(f"{type(e).__name__}: {e}")
+            return SaveResult(False)
+
+    def has_changes(self, version: int, manifest_id: str, ref: FileRef) -> bool:
+        """Whether the changes of this version and attempt are kept here with the size `ref` gives
+        (their checksum is checked when they are read)."""
+        if not self.enabled:
+            return False
+        try:
+            st = self._changes_path(version, manifest_id).lstat()
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == ref.size
+
+    def read_changes(self, version: int, manifest_id: str, ref: FileRef) -> bytes | None:
+        """The kept changes of this version and attempt if their size and CRC-32 match `ref` (the
+        version's manifest), else None; a mismatch is reported and the file dropped."""
+        if not self.has_changes(version, manifest_id, ref):
+            return None
+        path = self._changes_path(version, manifest_id)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None  # pruned by another instance of the store since the check
+        checksum = f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+        if len(data) == ref.size and checksum == ref.checksum:
+            return data
+        log.warning(
+            "kept changes %s of store %s (version %d) do not match the manifest (checksum %s, expected %s); "
+            "fetching them from the checkpoint instead",
+            path,
+            self.store_dir,
+            version,
+            checksum,
+            ref.checksum,
+        )
+        path.unlink(missing_ok=True)
+        return None
+
+    def _drop_changes_through(self, version: int) -> None:
+        for v, _, path in self._kept_changes():
+            if v <= version:
+                path.unlink(missing_ok=True)
+
+    def _changes_path(self, version: int, manifest_id: str) -> Path:
+        return self.dir / CHANGES_DIR / f"{version}-{manifest_id}{CHANGES_SUFFIX}"
+
+    def _kept_changes(self) -> list[tuple[int, str, Path]]:
+        """(version, manifest id, path) of every kept segment (none if the directory is not ours)."""
+        changes = self.dir / CHANGES_DIR
+        try:
+            make_private_dir(changes, create=False)
+            entries = list(changes.iterdir())
+        except OSError:
+            return []
+        out = []
+        for path in entries:
+            version, _, rest = path.name.partition("-")
+            if version.isdigit() and rest.endswith(CHANGES_SUFFIX) and not path.is_symlink():
+                out.append((int(version), rest[: -len(CHANGES_SUFFIX)], path))
+        return out
 
 
 def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older_than_s: float = 3600.0) -> int:
@@ -371,12 +480,17 @@ def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older
         return 0
     now = time.time()
     for store in base.iterdir():
-        markers = list(store.glob(f"*/{MARKER}")) if store.is_dir() and not store.is_symlink() else []
+        markers = (
+            [*store.glob(f"*/{MARKER}"), *store.glob(f"{CHANGES_DIR}/{CHANGES_MARKER}")]
+            if store.is_dir() and not store.is_symlink()
+            else []
+        )
         if not markers:
             continue
         try:  # another worker on this host may be removing the same store's copies
             info = json.loads(markers[0].read_text())
-            age = now - markers[0].stat().st_mtime
+            # The newest marker: kept changes' marker is written once, when the store starts keeping them.
+            age = now - max(m.stat().st_mtime for m in markers)
         except (OSError, ValueError):
             continue
         if not isinstance(info, dict) or store_key(str(info.get("store", ""))) != store.name:

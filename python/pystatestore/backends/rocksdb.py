@@ -171,6 +171,7 @@ class _Restore:
     replayed: int = 0
     replayed_bytes: int = 0
     inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
+    inline_bytes: int = 0  # segments read from inside manifests (which come from the checkpoint)
 
 
 class RocksDBBackend(StateBackend):
@@ -311,7 +312,11 @@ class RocksDBBackend(StateBackend):
         state starts from the first of these found walking back from `version` along its chain: the
         local DB itself, a verified local copy, a snapshot (the version's own manifest, or one
         maintenance made; files from local copies when they match, else downloaded), or version 0;
-        the changes of the versions after it are then replayed."""
+        the changes of the versions after it are then replayed (kept on this host when they are,
+        else from the checkpoint). A snapshot that is only in the checkpoint is passed over for an
+        older local copy when every version in between has its changes on this host (or inside
+        its manifest): a restart on the same host then reads nothing from the checkpoint but
+        manifests (Flink's local recovery)."""
         if version == 0:
             if self._db_version != 0:
                 self._open(self._fresh_dir("db-0"), 0, None)
@@ -322,22 +327,62 @@ class RocksDBBackend(StateBackend):
         started = time.perf_counter()
         replay: list[Manifest] = []
         restore = _Restore()
+        copies: dict[int, str] = {}  # version -> manifest id of each local copy
         if self.local_copies is not None:
             self.local_copies.drop_superseded(target.version, target.manifest_id)
-        for m in self.chain_back(target):
-            if self._db_is(m):
-                break  # the local DB is a version this chain passes through: replay the rest
-            copy = self.local_copies.verified_copy(m.version, m.manifest_id) if self.local_copies else None
-            if copy is not None and self._restore_from_copy(m, copy, restore):
+            copies = {c.version: c.manifest_id for c in self.local_copies.copies()}
+        # A snapshot in the checkpoint passed over for an older local copy, and how many of the
+        # versions to replay come after it (taken instead if the walk finds no usable copy).
+        passed_over: tuple[Manifest, int] | None = None
+
+        def local_path_on(m: Manifest) -> bool:
+            """Replaying `m` reads nothing from the checkpoint, and an older local copy may end the walk."""
+            return m.is_changelog and self._changes_on_host(m) and any(v < m.version for v in copies)
+
+        chain = self.chain_back(target)
+        while True:
+            try:
+                m = next(chain)
+            except StopIteration:
                 break
+            except (CheckpointMissingError, CheckpointDamagedError):
+                # Past a snapshot, garbage collection may already have removed the older chain
+                # (or another attempt replaced a version of it): the snapshot passed over it is.
+                if passed_over is None:
+                    raise
+                break
+            if self._db_is(m):
+                passed_over = None
+                break  # the local DB is a version this chain passes through: replay the rest
+            copy = (
+                self.local_copies.verified_copy(m.version, m.manifest_id)
+                if self.local_copies is not None and copies.get(m.version) == m.manifest_id
+                else None
+            )
+            if copy is not None and self._restore_from_copy(m, copy, restore):
+                passed_over = None
+                break
+            if passed_over is not None:
+                if local_path_on(m):
+                    replay.append(m)
+                    continue
+                break  # going further would read the checkpoint: take the snapshot passed over
             snapshot = m if not m.is_changelog else self.read_snapshot(m.version, m.manifest_id)
             if snapshot is not None:
+                if local_path_on(m):
+                    passed_over = (snapshot, len(replay))
+                    replay.append(m)
+                    continue
                 self._restore_snapshot(snapshot, restore)
                 break
             replay.append(m)
             if m.base_version == 0:
                 self._open(self._fresh_dir("db-0"), 0, None)
                 break
+        if passed_over is not None:
+            snapshot, after = passed_over
+            del replay[after:]
+            self._restore_snapshot(snapshot, restore)
         self._replay(list(reversed(replay)), restore)
         if replay and target.num_keys > 0 and next(iter(self._db.keys()), None) is None:
             self._drop_db()
@@ -356,6 +401,7 @@ class RocksDBBackend(StateBackend):
             restoreChangelogVersions=restore.replayed,
             restoreChangelogBytes=restore.replayed_bytes,
             restoreInlineSnapshots=restore.inline_snapshots,
+            restoreInlineBytes=restore.inline_bytes,
             restoreMs=elapsed_ms(started),
         )
         return target, restore.metrics
@@ -374,7 +420,7 @@ class RocksDBBackend(StateBackend):
         self._ancestor = snapshot
         restore.local_files += local_files
         restore.local_bytes += local_bytes
-        restore.remote = stats
+        restore.remote = TransferStats(restore.remote.files + stats.files, restore.remote.bytes + stats.bytes)
 
     def _restore_compact_snapshot(self, snapshot: Manifest, restore: _Restore) -> None:
         """A snapshot that holds the whole state as one segment: an empty DB plus that segment,
@@ -382,7 +428,7 @@ class RocksDBBackend(StateBackend):
         assert snapshot.changes is not None
         self._open(self._fresh_dir(f"db-{snapshot.version}"), 0, None)
         where = snapshot.changes.ref.path or snapshot_path(snapshot.version, snapshot.manifest_id)
-        self._apply_segment(snapshot, f"the state of snapshot {snapshot.version}", where)
+        self._apply_segment(snapshot, f"the state of snapshot {snapshot.version}", where, restore)
         if snapshot.num_keys > 0 and next(iter(self._db.keys()), None) is None:
             self._drop_db()
             raise CheckpointDamagedError(
@@ -395,8 +441,6 @@ class RocksDBBackend(StateBackend):
         self._ancestor = None  # the local DB's files descend from no uploaded snapshot
         if snapshot.changes.ref.inline:
             restore.inline_snapshots += 1
-        else:
-            restore.remote = TransferStats(restore.remote.files + 1, restore.remote.bytes + snapshot.changes.ref.size)
 
     def _compact_snapshot_of(self, checkpoint_dir: Path, m: Manifest, token: str) -> tuple[Manifest, list[FileRef]]:
         """A snapshot of a small store as one segment of its whole state (every pair, as puts),
@@ -506,7 +550,7 @@ class RocksDBBackend(StateBackend):
         files: list[Path] = []
         try:
             for unit in units:
-                change_file = self._write_change_file(self._unit_batches(unit), unit[-1].version)
+                change_file = self._write_change_file(self._unit_batches(unit, restore), unit[-1].version)
                 if change_file is not None:
                     files.append(change_file)
             self._fault_point("restore:replayed")
@@ -522,32 +566,41 @@ class RocksDBBackend(StateBackend):
             restore.replayed += len(unit)
             restore.replayed_bytes += sum(m.changes.ref.size for m in unit if m.changes)
 
-    def _unit_batches(self, unit: list[Manifest]) -> Iterator[pa.RecordBatch]:
+    def _unit_batches(self, unit: list[Manifest], restore: _Restore) -> Iterator[pa.RecordBatch]:
         """The changes of one replayed SST, in key order: one version's segment as it is read, or
         consecutive versions merged."""
         if len(unit) == 1:
-            return self._segment_batches(unit[0])
-        tables = [pa.Table.from_batches(list(self._segment_batches(m)), frames.CHANGES_SCHEMA) for m in unit]
+            return self._segment_batches(unit[0], restore=restore)
+        tables = [
+            pa.Table.from_batches(list(self._segment_batches(m, restore=restore)), frames.CHANGES_SCHEMA) for m in unit
+        ]
         return frames.change_batches(_newest_change_per_key(tables), APPLY_CHUNK_ROWS)
 
     def _segment_batches(
-        self, m: Manifest, described: str | None = None, where: str | None = None
+        self,
+        m: Manifest,
+        described: str | None = None,
+        where: str | None = None,
+        *,
+        restore: _Restore | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The segment `m` holds (a version's changes, or a compact snapshot's state), chunk by
-        chunk; a damaged one raises an error naming `described` and `where` it is stored."""
+        chunk; a damaged one raises an error naming `described` and `where` it is stored. Where
+        it came from is counted in `restore`."""
         try:
-            yield from changelog.read_segment(self._changes_of(m))
+            yield from changelog.read_segment(self._changes_of(m, restore))
         except changelog.SegmentFormatError as e:
             raise self._not_a_segment(
                 m, described or f"the changes of version {m.version}", where or self._changes_where(m), e
             ) from None
 
-    def _apply_segment(self, m: Manifest, described: str, where: str) -> None:
+    def _apply_segment(self, m: Manifest, described: str, where: str, restore: _Restore) -> None:
         """Ingests the segment `m` holds (a compact snapshot's state) into the local DB as one SST.
         On any failure the local DB is dropped: it matches no version."""
         change_file: Path | None = None
         try:
-            change_file = self._write_change_file(self._segment_batches(m, described, where), m.version)
+            batches = self._segment_batches(m, described, where, restore=restore)
+            change_file = self._write_change_file(batches, m.version)
             if change_file is not None:
                 self._ingest(change_file)
         except BaseException:
@@ -567,18 +620,41 @@ class RocksDBBackend(StateBackend):
             f"{described} is not a changelog segment ({e})", store=self.ctx.store_dir, version=m.version, file=where
         )
 
-    def _changes_of(self, m: Manifest) -> bytes:
-        """A changelog version's segment: from inside its manifest, or downloaded and verified."""
+    def _changes_of(self, m: Manifest, restore: _Restore | None = None) -> bytes:
+        """A segment (a changelog version's changes, or a compact snapshot's state): from inside its
+        manifest, from the changes kept on this host (changelog versions; size and checksum checked
+        against the manifest), or downloaded and verified. Files are counted in `restore`."""
         assert m.changes is not None
         ref = m.changes.ref
         if ref.inline:
+            if restore is not None:
+                restore.inline_bytes += ref.size
             return ref.content(store=self.ctx.store_dir, version=m.version, name="changes")
+        if m.is_changelog and self.local_copies is not None:
+            kept = self.local_copies.read_changes(m.version, m.manifest_id, ref)
+            if kept is not None:
+                if restore is not None:
+                    restore.local_files += 1
+                    restore.local_bytes += len(kept)
+                return kept
         tmp = self._fresh_dir(f"changes-{m.version}")
         try:
-            download_all(self.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=self._fault_point)
+            stats = download_all(self.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=self._fault_point)
+            if restore is not None:
+                restore.remote = TransferStats(restore.remote.files + stats.files, restore.remote.bytes + stats.bytes)
             return (tmp / "segment").read_bytes()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _changes_on_host(self, m: Manifest) -> bool:
+        """Whether replaying changelog version `m` needs nothing from the checkpoint: its changes are
+        inside its manifest, or kept on this host."""
+        if m.changes is None:
+            return False
+        ref = m.changes.ref
+        return ref.inline or (
+            self.local_copies is not None and self.local_copies.has_changes(m.version, m.manifest_id, ref)
+        )
 
     # -- reading ---------------------------------------------------------------------------
     def load(self, version: int, view_dir: str | None = None) -> LoadResult:
@@ -606,7 +682,7 @@ class RocksDBBackend(StateBackend):
         return LoadResult(
             None,
             self._db_num_keys,
-            cost.get("restoreRemoteBytes", 0) + cost.get("restoreChangelogBytes", 0),
+            cost.get("restoreRemoteBytes", 0) + cost.get("restoreInlineBytes", 0),
             source,
             cost,
             manifest_id=self._db_manifest_id or "",
@@ -640,6 +716,7 @@ class RocksDBBackend(StateBackend):
             "restoreChangelogVersions": restore.replayed,
             "restoreChangelogBytes": restore.replayed_bytes,
             "restoreInlineSnapshots": restore.inline_snapshots,
+            "restoreInlineBytes": restore.inline_bytes,
             "restoreMs": elapsed_ms(started),
         }
         return self._leave_view(target, cost)
@@ -819,6 +896,15 @@ class RocksDBBackend(StateBackend):
                 saved = self.local_copies.save(version, manifest.manifest_id, checkpoint_dir, known)
                 metrics["localCopySaved"] = int(saved.kept)
                 metrics["localCopyBytesCopied"] = saved.bytes_copied
+            if self.local_copies is not None and segment_path is not None and uploaded:
+                # The changes went to a file of their own (not inside the manifest): keep that file
+                # on this host too, so a restore replays them from here. Copies older than the kept
+                # window of copies never need the changes before them.
+                window = self.local_copy_interval * self.local_copies.versions_kept
+                kept = self.local_copies.save_changes(
+                    version, manifest.manifest_id, segment_path, drop_through=version - window
+                )
+                metrics["localCopyBytesCopied"] = metrics.get("localCopyBytesCopied", 0) + kept.bytes_copied
         finally:
             if segment_path is not None:
                 segment_path.unlink(missing_ok=True)
