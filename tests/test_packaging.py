@@ -168,3 +168,15 @@ def test_a_jar_of_another_minor_names_the_jar_to_use(jar_minor: str, tmp_path: P
         f"Put {jar_name(running)} on the classpath instead"
     )
     assert expected in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]
+
+
+def test_the_tests_run_on_a_pandas_the_running_pyspark_supports() -> None:
+    """Users of each minor run the pandas it supports: pyspark's own check raises below its minimum
+    and warns from pandas 3 on (4.3: "does not yet fully support pandas >= 3.0.0")."""
+    import warnings
+
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
