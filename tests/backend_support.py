@@ -54,15 +54,17 @@ def make_backend(
     options: dict[str, str] | None = None,
     mode: str | None = None,
     min_deltas: int = 10,
+    store_uri: str | None = None,
 ) -> StateBackend:
     """A backend as a worker would open it. Local recovery copies go under `local_dir` unless the
     options say otherwise, so tests never share them by accident. `mode`: the rocksdb backend's
-    commitMode (its default when None)."""
+    commitMode (its default when None). `store_uri`: the store's location when it is not the local
+    directory `store_dir` (an object store)."""
     opts = {"localRecoveryDir": str(Path(local_dir) / "recovery"), **(options or {})}
     if mode is not None:
         opts["commitMode"] = mode
     ctx = StoreContext(
-        store_dir=f"file:{store_dir}",
+        store_dir=store_uri or f"file:{store_dir}",
         operator_id=0,
         partition_id=1,
         store_name="default",

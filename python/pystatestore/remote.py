@@ -75,6 +75,10 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), posixpath.normpath(path)
     if parsed.scheme in ("s3a", "s3n"):
         uri = "s3" + uri[len(parsed.scheme) :]
+    if urlparse(uri).scheme == "s3" and "allow_delayed_open" not in parsed.query:
+        # A small object (a manifest, a lease, a changelog segment) then goes up in one PUT rather
+        # than a multipart upload of three requests.
+        uri += ("&" if parsed.query else "?") + "allow_delayed_open=true"
     import pyarrow.fs  # the object-store modules, and S3's shutdown hook, only where they are used
 
     try:
@@ -155,9 +159,15 @@ class RemoteStore:
         """Writes a file. Callers use unique names (or, for leases, their own name), so a half-written
         file is an orphan, never a replacement of a committed one."""
         path = self._abs(rel)
-        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        self._create_parent_dir(path)
         with self.fs.open_output_stream(path) as out:
             out.write(data)
+
+    def _create_parent_dir(self, path: str) -> None:
+        """Object stores have no directories: creating one would only write marker objects, a PUT
+        per level of the path on every write."""
+        if not self.object_store:
+            self.fs.create_dir(posixpath.dirname(path), recursive=True)
 
     def publish(self, rel: str, data: bytes) -> None:
         """Publishes a file all at once: readers see the old content or the new, never a part.
@@ -169,7 +179,7 @@ class RemoteStore:
         """
         path = self._abs(rel)
         parent = posixpath.dirname(path)
-        self.fs.create_dir(parent, recursive=True)
+        self._create_parent_dir(path)
         if self.object_store:
             with self.fs.open_output_stream(path) as out:
                 out.write(data)
@@ -196,7 +206,7 @@ class RemoteStore:
         return [f.path for f in self.list_files(parent) if posixpath.basename(f.path).startswith(prefix)]
 
     def create_parent(self, rel: str) -> None:
-        self.fs.create_dir(posixpath.dirname(self._abs(rel)), recursive=True)
+        self._create_parent_dir(self._abs(rel))
 
     def open_output(self, rel: str) -> pa.NativeFile:
         return self.fs.open_output_stream(self._abs(rel))
