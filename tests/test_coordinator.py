@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,41 @@ def test_snapshots_are_reported_so_spark_never_forces_them(
     # Spark's own per-store metric of the newest snapshot, as its built-in providers report it.
     last = progress[-1]["stateOperators"][0]["customMetrics"]
     assert any(k.startswith("SnapshotLastUploaded.partition_") for k in last), sorted(last)
+
+
+def test_a_commit_that_makes_a_snapshot_due_gets_it_without_waiting_for_maintenance(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """At Spark's default maintenance interval (60 s) tens of fast batches pass between maintenance
+    runs; the snapshot a commit makes due is made at once, off the commit path. Here maintenance
+    would not run at all within the test: every snapshot in the files came from commits."""
+    input_dir, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    input_dir.mkdir()
+    batches = 12
+    for b in range(batches):
+        f = input_dir / f"b{b:04d}.json"
+        f.write_text("".join(json.dumps({"key": f"k{(b * 3 + i) % 20}", "value": i}) + "\n" for i in range(10)))
+        os.utime(f, (1_700_000_000 + b, 1_700_000_000 + b))
+    spark.conf.set("spark.sql.streaming.stateStore.pystatestore.commitMode", "changelog")
+    spark.conf.set("spark.sql.streaming.stateStore.maintenanceInterval", "10min")
+    try:
+        query = (
+            spark.readStream.schema("key string, value long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(input_dir))
+            .groupBy("key")
+            .agg(F.sum("value").alias("total"))
+            .writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(600)
+        assert query.exception() is None, query.exception()
+        time.sleep(3)  # the last snapshots are made in the background
+    finally:
+        spark.conf.set("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+    for partition in range(2):
+        snapshots = snapshot_files(checkpoint / "state" / "0" / str(partition), "changelog")
+        assert batches // MIN_DELTAS - 1 <= snapshots <= batches // MIN_DELTAS, (partition, snapshots)

@@ -121,6 +121,7 @@ class _Store:
         self.lock = threading.Lock()
         self.busy_with: str | None = None  # the call holding the lock, for "store busy" errors
         self.busy_since = 0.0
+        self.snapshotting = False  # a snapshot is being made (uploaded without the lock)
 
     @contextmanager
     def locked(self, call: str, handle: str) -> Iterator[StateBackend]:
@@ -229,6 +230,10 @@ class StoreService:
                     view_dir=view_dir or None,
                 )
             snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
+            # The chain since the last snapshot is minDeltasForSnapshot long: the JVM asks for the
+            # snapshot at once (off the commit path) rather than at Spark's next maintenance, which
+            # at its default interval of 60 s comes after tens of fast batches.
+            due = not snapshot and getattr(backend, "snapshot_due", lambda: False)()
             release_free_memory()
             # The version the shim reports to Spark's coordinator as its newest snapshot, if this
             # call made one: the commit itself (snapshot commits), or the one Spark forced.
@@ -236,6 +241,7 @@ class StoreService:
             return {
                 **snapshot,
                 **({"snapshotVersion": snapshot_version} if snapshot_version else {}),
+                **({"snapshotDue": True} if due else {}),
                 "workerRssBytes": worker_rss_bytes(),
                 "version": result.version,
                 "manifestId": result.manifest_id,
@@ -278,7 +284,11 @@ class StoreService:
         """A snapshot of the newest changelog version if one is due (or `force`d). It is set up (hard
         links) under the store's lock but uploaded without it, so commits never wait for an upload."""
         with store.locked("maintenance (preparing a snapshot)", handle) as backend:
+            if store.snapshotting and not force:
+                return {}  # another call is making one: this one would upload the same again
             job = backend.prepare_materialization(force=force)
+            if job is not None:
+                store.snapshotting = True
         report: dict[str, Any] = {}
         if job is None:
             return report
@@ -294,6 +304,7 @@ class StoreService:
         finally:
             with store.locked("maintenance (recording a snapshot)", handle):
                 backend.complete_materialization(job)
+                store.snapshotting = False
         report.update(getattr(job, "metrics", {}))
         return report
 

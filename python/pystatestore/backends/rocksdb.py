@@ -216,6 +216,9 @@ class RocksDBBackend(StateBackend):
         # The snapshot manifest whose files (by local name) the local DB still holds: what a new
         # snapshot of this DB may reuse instead of uploading. None for a DB of unknown descent.
         self._ancestor: Manifest | None = None
+        # The newest version of the local DB's chain known to have a snapshot (0: the chain starts
+        # at version 1), so a commit can tell that one is due without reading the checkpoint.
+        self._snapshot_at: int | None = None
 
     def _int_option(self, name: str, default: int, *, minimum: int) -> int:
         raw = self.ctx.options.get(name)
@@ -297,6 +300,7 @@ class RocksDBBackend(StateBackend):
             shutil.rmtree(self._db_dir, ignore_errors=True)
         self._db = self._db_dir = self._db_version = self._db_manifest_id = None
         self._ancestor = None
+        self._snapshot_at = None
 
     def _fresh_dir(self, label: str) -> Path:
         d = self.work_dir / f"{label}-{uuid.uuid4().hex[:8]}"
@@ -320,6 +324,7 @@ class RocksDBBackend(StateBackend):
         if version == 0:
             if self._db_version != 0:
                 self._open(self._fresh_dir("db-0"), 0, None)
+                self._snapshot_at = 0
             return None, {}
         target = self.read_manifest(version)
         if self._db_is(target):
@@ -378,6 +383,7 @@ class RocksDBBackend(StateBackend):
             replay.append(m)
             if m.base_version == 0:
                 self._open(self._fresh_dir("db-0"), 0, None)
+                self._snapshot_at = 0
                 break
         if passed_over is not None:
             snapshot, after = passed_over
@@ -418,6 +424,7 @@ class RocksDBBackend(StateBackend):
             shutil.rmtree(db_dir, ignore_errors=True)  # a failed restore leaves nothing behind
             raise
         self._ancestor = snapshot
+        self._snapshot_at = snapshot.version
         restore.local_files += local_files
         restore.local_bytes += local_bytes
         restore.remote = TransferStats(restore.remote.files + stats.files, restore.remote.bytes + stats.bytes)
@@ -439,6 +446,7 @@ class RocksDBBackend(StateBackend):
             )
         self._set_db_version(snapshot.version, snapshot)
         self._ancestor = None  # the local DB's files descend from no uploaded snapshot
+        self._snapshot_at = snapshot.version
         if snapshot.changes.ref.inline:
             restore.inline_snapshots += 1
 
@@ -495,6 +503,7 @@ class RocksDBBackend(StateBackend):
         # The copy's files carry the names of the lineage that wrote it: a snapshot of that version
         # lists them; for a changelog version nothing says which snapshot's files they are.
         self._ancestor = None if m.is_changelog else m
+        self._snapshot_at = None if m.is_changelog else m.version  # a changelog copy: unknown until looked up
         return True
 
     def _restore_files(self, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
@@ -913,6 +922,7 @@ class RocksDBBackend(StateBackend):
         self._set_db_version(version, manifest)
         if not manifest.is_changelog:
             self._ancestor = manifest
+            self._snapshot_at = version
         bytes_uploaded = sum(r.size for r in uploaded)
         refs = manifest.shared | manifest.private
         metrics.update(
@@ -1139,6 +1149,7 @@ class RocksDBBackend(StateBackend):
                     break
                 deltas += 1
                 size += c.changes.ref.size if c.changes else 0
+            self._snapshot_at = m.version - deltas
             due = deltas >= self.ctx.min_deltas_for_snapshot or size >= self.changelog_max_bytes
             if not (due or (force and deltas > 0)):
                 return None
@@ -1191,6 +1202,15 @@ class RocksDBBackend(StateBackend):
         is the one it was made from (its files are still there under the same names)."""
         if job.snapshot is not None and self._db_dir == job.db_dir:
             self._ancestor = job.snapshot
+            self._snapshot_at = max(self._snapshot_at or 0, job.snapshot.version)
+
+    def snapshot_due(self) -> bool:
+        """Whether the local DB's version (just committed) ends a chain of minDeltasForSnapshot
+        changelog versions since the last snapshot, or of a length not known here (after a restore
+        from a changelog version's local copy): then maintenance should look now."""
+        if self.mode != "changelog" or not self._db_version:
+            return False
+        return self._snapshot_at is None or self._db_version - self._snapshot_at >= self.ctx.min_deltas_for_snapshot
 
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
         report = super().maintenance(now)

@@ -64,6 +64,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private val lastSnapshot = new java.util.concurrent.atomic.AtomicLong(-1L)
   /** Snapshots made since the last commit's metrics took the count. */
   private val snapshotsSinceCommit = new java.util.concurrent.atomic.AtomicLong(0L)
+  /** A snapshot asked for by a commit is waiting or running (at most one per store). */
+  private val snapshotRequested = new java.util.concurrent.atomic.AtomicBoolean(false)
+  @volatile private var closed = false
   /** Spark's coordinator judges a store lagging once its snapshots trail by more versions than this. */
   private var laggingAfterVersions = Long.MaxValue
 
@@ -297,6 +300,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   }
 
   override def close(): Unit = {
+    closed = true
     val (cached, stores) = synchronized {
       val c = cachedVersions.values.toList
       cachedVersions.clear()
@@ -328,6 +332,14 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     snapshotsSinceCommit.incrementAndGet()
     lastSnapshot.accumulateAndGet(version, math.max)
     coordinatorId.foreach(SnapshotReports.snapshotMade(_, version))
+  }
+
+  /** Makes the snapshot a commit made due, off the task's thread (see SnapshotRequests). */
+  private def requestSnapshot(): Unit = if (!closed && snapshotRequested.compareAndSet(false, true)) {
+    SnapshotRequests.submit { () =>
+      try if (!closed) maintain(MaintainSnapshot)
+      finally snapshotRequested.set(false)
+    }
   }
 
   /** Spark's SnapshotLastUploaded instance metric of this store, for a store's metrics. */
@@ -513,6 +525,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       }
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       versionField(reply, "snapshotVersion").foreach(snapshotMade)
+      if (reply \ "snapshotDue" == JBool(true)) requestSnapshot()
       val state: CommittedVersion = heapBase match {
         case Some(heap) =>
           val prefixOf: UnsafeRow => UnsafeRow = prefixSpec match {

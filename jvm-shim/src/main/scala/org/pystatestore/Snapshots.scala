@@ -52,3 +52,23 @@ private[pystatestore] object SnapshotReports extends Logging {
     }
   }
 }
+
+/**
+ * Snapshots made as soon as a commit makes one due, rather than at Spark's next maintenance: at its
+ * default interval (60 s) tens of fast batches pass between maintenance runs, so a store's changelog
+ * chain (what a restore replays) grew far past minDeltasForSnapshot, and once it trailed by 5 x
+ * minDeltasForSnapshot versions Spark's coordinator judged the store lagging and forced a snapshot
+ * on every commit. The snapshot is the same call Spark's maintenance thread makes, run on a small
+ * daemon pool of this JVM: the task that committed does not wait for it.
+ */
+private[pystatestore] object SnapshotRequests {
+  private lazy val pool = Executors.newFixedThreadPool(2, new ThreadFactory {
+    override def newThread(r: Runnable): Thread = {
+      val t = new Thread(r, "pystatestore-snapshots")
+      t.setDaemon(true)
+      t
+    }
+  })
+
+  def submit(job: Runnable): Unit = pool.execute(job)
+}

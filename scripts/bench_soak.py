@@ -1,0 +1,393 @@
+"""Soak benchmark: one streaming aggregation running for a long time on Spark's defaults, on
+pystatestore (changelog commits) and on Spark's RocksDB provider with changelog checkpointing, each
+in its own JVM, one after the other on the same workload.
+
+What a 20-batch benchmark cannot show: Spark's maintenance at its default interval (60 s), its
+state store coordinator (which forces snapshots of stores it judges lagging), its retention
+(minBatchesToRetain 100) and minDeltasForSnapshot (10), over hundreds of batches. Per window of 100
+batches it reports commit p50 (Spark's commitTimeMs per partition), batch time, and, sampled every
+few seconds from /proc, the resident memory (RSS), open file descriptors and threads of the JVM and
+every process under it (our state workers included), and the checkpoint's files and bytes. Snapshots
+are counted from the files that appear in the checkpoint (pystatestore: snapshots/*.json, or a
+snapshot manifest; Spark RocksDB: <version>.zip), whatever later deletes them.
+
+    .venv/bin/python scripts/bench_soak.py [--minutes 30] [--partitions 200] [--keys 100000]
+        [--touched-pct 1] [--pyspark 4.1|4.2|4.3] [--out bench/soak-....txt]
+
+Goals (issue 29), checked at the end: ours' last window commit p50 within 1.1x of its first steady
+window and at most 0.5x Spark RocksDB changelog's; snapshots per store within one of versions /
+minDeltasForSnapshot; RSS, descriptors, threads and checkpoint size flat after the first window
+(no growth beyond 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = "org.pystatestore.PythonStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# name -> (provider class, session confs); everything else is Spark's default
+RUNS: dict[str, tuple[str, dict[str, str]]] = {
+    "pss-changelog": (OURS, {}),
+    "rocksdb-changelog": (ROCKSDB, {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}),
+}
+WINDOW = int(os.environ.get("PSS_SOAK_WINDOW", "100"))  # batches
+MIN_DELTAS = 10  # Spark's default minDeltasForSnapshot
+SAMPLE_S = 5.0
+# A snapshot file of each provider: ours in changelog mode, Spark RocksDB's.
+SNAPSHOT_FILE = {
+    "pss-changelog": re.compile(r"snapshots/(\d+)-[0-9a-f]+\.json$"),
+    "rocksdb-changelog": re.compile(r"(?:^|/)(\d+)(?:_[0-9a-f-]+)?\.zip$"),
+}
+
+
+def build_jar_module():  # noqa: ANN201 - scripts/build_jar.py, loaded by path
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_jar", ROOT / "scripts" / "build_jar.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the child: one provider, one JVM ---------------------------------------------------------------
+def run_child(args: argparse.Namespace) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    import pystatestore
+
+    provider, confs = RUNS[args.child]
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"pystatestore-soak-{args.child}")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for k, v in confs.items():
+        builder = builder.config(k, v)
+    # configure_spark adds our jar and names our provider: the run's own provider is set after it
+    builder = pystatestore.configure_spark(builder).config("spark.sql.streaming.stateStore.providerClass", provider)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    progress_file = open(args.progress, "a")  # noqa: SIM115 - written by the listener until the end
+
+    class Recorder(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            progress_file.write(event.progress.json.replace("\n", " ") + "\n")
+            progress_file.flush()
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+    spark.streams.addListener(Recorder())
+    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(args.input)
+    query = (
+        source.groupBy("key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", args.checkpoint)
+        .start()
+    )
+    deadline = time.time() + args.minutes * 60
+    while time.time() < deadline and query.isActive:
+        time.sleep(1)
+    if query.exception() is not None:
+        raise SystemExit(f"{args.child}: the query failed: {query.exception()}")
+    query.stop()
+    time.sleep(2)
+    progress_file.close()
+    spark.stop()
+
+
+# -- the parent: inputs, sampling, report -----------------------------------------------------------
+def write_inputs(input_dir: Path, keys: int, touched: int, files: int, seed: int = 42) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    input_dir.mkdir(parents=True)
+    rnd = random.Random(seed)
+    for b in range(files):
+        ks = list(range(keys)) if b == 0 else rnd.sample(range(keys), touched)
+        table = pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array([rnd.randrange(1000) for _ in ks])})
+        path = input_dir / f"batch-{b:05d}.parquet"
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source orders by mtime
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (not `pid` itself)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(proc.name))
+    out, stack = [], [pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def proc_figures(pids: list[int]) -> tuple[int, int, int]:
+    """(RSS bytes, open descriptors, threads) summed over `pids`."""
+    rss = fds = threads = 0
+    for pid in pids:
+        try:
+            status = (Path("/proc") / str(pid) / "status").read_text()
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                rss += int(line.split()[1]) * 1024
+            elif line.startswith("Threads:"):
+                threads += int(line.split()[1])
+    return rss, fds, threads
+
+
+class Sampler(threading.Thread):
+    """Every SAMPLE_S seconds: the figures of every process under the child (its JVM, and the
+    JVM's children: our workers), and the checkpoint's files; notes every snapshot file seen."""
+
+    def __init__(self, child_pid: int, state_dir: Path, snapshot_file: re.Pattern[str]) -> None:
+        super().__init__(daemon=True)
+        self.child_pid, self.state_dir, self.snapshot_file = child_pid, state_dir, snapshot_file
+        self.samples: list[dict[str, float]] = []
+        self.snapshots: dict[str, set[str]] = defaultdict(set)  # store -> snapshot files seen
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        rss, fds, threads = proc_figures(descendants(self.child_pid))
+        files = size = 0
+        if self.state_dir.exists():
+            for dirpath, _, names in os.walk(self.state_dir):
+                for n in names:
+                    path = os.path.join(dirpath, n)
+                    try:
+                        size += os.stat(path).st_size
+                    except OSError:
+                        continue  # deleted by maintenance meanwhile
+                    files += 1
+                    rel = os.path.relpath(path, self.state_dir)
+                    if self.snapshot_file.search(rel):
+                        store = "/".join(rel.split("/")[:2])
+                        self.snapshots[store].add(rel)
+        if rss:
+            self.samples.append(
+                {"t": time.time(), "rss": rss, "fds": fds, "threads": threads, "files": files, "bytes": size}
+            )
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    checkpoint, progress = work / f"ckpt-{name}", work / f"progress-{name}.jsonl"
+    cmd = [
+        sys.executable, __file__, "--child", name, "--input", str(work / "input"), "--checkpoint", str(checkpoint),
+        "--progress", str(progress), "--minutes", str(args.minutes), "--partitions", str(args.partitions),
+    ]  # fmt: skip
+    print(f"soak: {name} for {args.minutes} min", file=sys.stderr, flush=True)
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "w"))  # noqa: SIM115
+    sampler = Sampler(child.pid, checkpoint / "state", SNAPSHOT_FILE[name])
+    sampler.start()
+    try:
+        code = child.wait(timeout=args.minutes * 60 + 900)
+    except subprocess.TimeoutExpired:
+        os.kill(child.pid, signal.SIGKILL)
+        raise SystemExit(f"{name}: the run did not end; log: {work / f'{name}.log'}") from None
+    finally:
+        sampler.stop()
+    if code != 0:
+        raise SystemExit(f"{name}: exit code {code}; log tail:\n{(work / f'{name}.log').read_text()[-3000:]}")
+    batches = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
+    batches = [b for b in batches if b.get("numInputRows", 0) > 0]
+    return {"batches": batches, "samples": sampler.samples, "snapshots": sampler.snapshots}
+
+
+def windows(run: dict[str, Any], partitions: int) -> list[dict[str, float]]:
+    """Figures per full window of WINDOW batches (the trailing partial window is left out)."""
+    out = []
+    batches, samples = run["batches"], run["samples"]
+    for w in range(len(batches) // WINDOW):
+        chunk = batches[w * WINDOW : (w + 1) * WINDOW]
+        ts = [dt.datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() for b in chunk]
+        start, end = ts[0], ts[-1] + chunk[-1]["durationMs"]["triggerExecution"] / 1000
+        inside = [s for s in samples if start <= s["t"] <= end] or [min(samples, key=lambda s: abs(s["t"] - end))]
+        ops = [b["stateOperators"][0] for b in chunk]
+        out.append(
+            {
+                "first": chunk[0]["batchId"],
+                "last": chunk[-1]["batchId"],
+                "minutes": (end - start) / 60,
+                "commit_ms": statistics.median(op["commitTimeMs"] / partitions for op in ops),
+                "batch_ms": statistics.median(b["durationMs"]["triggerExecution"] for b in chunk),
+                "rss": max(s["rss"] for s in inside),
+                "fds": max(s["fds"] for s in inside),
+                "threads": max(s["threads"] for s in inside),
+                "files": inside[-1]["files"],
+                "bytes": inside[-1]["bytes"],
+                "forced": sum(op.get("customMetrics", {}).get("pystatestoreSnapshotsForced", 0) for op in ops),
+            }
+        )
+    return out
+
+
+def growth(ws: list[dict[str, float]], key: str) -> float:
+    """The last window's figure over the first steady window's (window 2 of the run)."""
+    return ws[-1][key] / max(ws[1][key], 1e-9) if len(ws) >= 2 else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long each provider's query runs")
+    ap.add_argument("--partitions", type=int, default=200)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--touched-pct", type=float, default=1.0)
+    ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", choices=list(RUNS), help=argparse.SUPPRESS)
+    ap.add_argument("--input", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--progress", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        run_child(args)
+        return 0
+    if args.pyspark:
+        build_jar_module().reexec_under_pyspark(args.pyspark)
+    import pyspark
+
+    touched = max(1, int(args.keys * args.touched_pct / 100))
+    work = Path(tempfile.mkdtemp(prefix="pss-soak-"))
+    # More files than the fastest run can take (a batch takes at least ~0.5 s here).
+    write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 0.5) + 10)
+    results = {name: run_provider(name, args, work) for name in RUNS}
+    if not os.environ.get("PSS_SOAK_KEEP"):
+        shutil.rmtree(work, ignore_errors=True)
+
+    lines = [
+        f"# pystatestore soak bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"# command: .venv/bin/python scripts/bench_soak.py --minutes {args.minutes:g} --partitions "
+        f"{args.partitions} --keys {args.keys} --touched-pct {args.touched_pct:g}"
+        + (f" --pyspark {args.pyspark}" if args.pyspark else ""),
+        f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"pyspark {pyspark.__version__}, local[2], {args.partitions} partitions; Spark's defaults otherwise "
+        "(maintenance every 60 s, minDeltasForSnapshot 10, minBatchesToRetain 100, coordinator on)",
+        f"# workload: a streaming aggregation over {args.keys} keys (all in the first batch), {touched} keys "
+        f"updated per batch; each provider's query runs {args.minutes:g} min in its own JVM",
+        "# per window of 100 batches: commit p50 per partition, median batch, peak RSS / descriptors / threads "
+        "of the JVM and all processes under it, checkpoint files and bytes at the window's end",
+        "",
+    ]
+    table: dict[str, list[dict[str, float]]] = {}
+    for name, run in results.items():
+        ws = table[name] = windows(run, args.partitions)
+        lines.append(f"{name}: {len(run['batches'])} batches")
+        lines.append(
+            f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'fds':>6}{'threads':>8}"
+            f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}"
+        )
+        for w in ws:
+            lines.append(
+                f"  {w['first']:>5}-{w['last']:<6}{w['minutes']:>6.1f}{w['commit_ms']:>10.1f}ms{w['batch_ms']:>7.0f}ms"
+                f"{w['rss'] / 2**20:>6.0f} MiB{w['fds']:>6}{w['threads']:>8}{w['files']:>11}{w['bytes'] / 2**20:>9.1f}"
+                f"{w['forced']:>7}"
+            )
+        versions = len(run["batches"])
+        per_store = sorted(len(v) for v in run["snapshots"].values()) or [0]
+        lines.append(
+            f"  snapshots per store (files seen): min {per_store[0]}, median {statistics.median(per_store):g}, "
+            f"max {per_store[-1]} over {len(per_store)} stores; {versions} versions / minDeltasForSnapshot "
+            f"{MIN_DELTAS} = {versions / MIN_DELTAS:.1f}"
+        )
+        lines.append("")
+    ours, theirs = table["pss-changelog"], table["rocksdb-changelog"]
+    goals: list[tuple[str, bool]] = []
+    if len(ours) >= 2 and theirs:
+        first_steady, last = ours[1], ours[-1]
+        goals.append(
+            (
+                f"ours: last window's commit p50 {last['commit_ms']:.1f} ms is "
+                f"{last['commit_ms'] / first_steady['commit_ms']:.2f}x the first steady window's (goal <= 1.10x)",
+                last["commit_ms"] <= 1.1 * first_steady["commit_ms"],
+            )
+        )
+        ratio = last["commit_ms"] / theirs[-1]["commit_ms"]
+        goals.append(
+            (
+                f"ours vs Spark RocksDB changelog, last windows: commit p50 {ratio:.2f}x (goal <= 0.50x), batch "
+                f"{last['batch_ms'] / theirs[-1]['batch_ms']:.2f}x",
+                ratio <= 0.5,
+            )
+        )
+        for key, label in (
+            ("rss", "RSS"),
+            ("fds", "descriptors"),
+            ("threads", "threads"),
+            ("bytes", "checkpoint bytes"),
+            ("files", "checkpoint files"),
+        ):
+            g = growth(ours, key)
+            goals.append((f"ours: {label} last window / first steady window {g:.3f}x (goal <= 1.05x)", g <= 1.05))
+    versions = len(results["pss-changelog"]["batches"])
+    per_store = [len(v) for v in results["pss-changelog"]["snapshots"].values()] or [0]
+    due = versions / MIN_DELTAS
+    goals.append(
+        (
+            f"ours: snapshots per store {min(per_store)}-{max(per_store)} against {due:.1f} due (goal: within one)",
+            all(abs(n - due) <= 1 for n in per_store),
+        )
+    )
+    forced = sum(w["forced"] for w in ours)
+    goals.append((f"ours: forced snapshots {forced} (goal 0)", forced == 0))
+    lines.append("goals:")
+    lines += [f"  [{'met' if ok else 'MISSED'}] {text}" for text, ok in goals]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
