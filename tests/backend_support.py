@@ -8,6 +8,7 @@ import tempfile
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import rocksdict
@@ -176,3 +177,13 @@ def commit(
 
 # The rocksdb backend's commit modes: tests of behaviour that does not depend on the mode run in both.
 MODES = ("changelog", "snapshot")
+
+
+def materialize_if_due(backend: StateBackend) -> Any:
+    """What maintenance's snapshot part does, in one go: a snapshot of the newest version if one is
+    due; returns the job (None when none was due)."""
+    job = backend.prepare_materialization()
+    if job is not None:
+        backend.finish_materialization(job)
+        backend.complete_materialization(job)
+    return job

@@ -39,6 +39,7 @@ from pystatestore.inspection import (
 from pystatestore.key_lookup import num_partitions
 from pystatestore.spark_hash import hash_value, partition_of
 from pystatestore.unsafe_row import StateRowDecoder, encode_row, parse_schema
+from s3_support import local_s3
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
 from test_e2e import dedup, pandas_sessions
 
@@ -479,15 +480,7 @@ def test_a_checkpoint_that_is_not_one_gets_a_clear_error(tmp_path: Path) -> None
 def s3_checkpoints(checkpoints: dict[str, Path]) -> Iterator[dict[str, str]]:
     """Two test checkpoints copied into a bucket of a local S3 server (moto's), named by the URIs a
     user of MinIO or another S3 endpoint passes: pyarrow's options in the query, keys in the env."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
-    try:
-        host, port = server.get_host_and_port()
-        options = {"region": "us-east-1", "scheme": "http", "endpoint_override": f"{host}:{port}"}
+    with local_s3() as options:
         s3 = pafs.S3FileSystem(**options, allow_bucket_creation=True)  # type: ignore[arg-type]
         s3.create_dir("ckpts")
         for name in ("typed", "dedup"):
@@ -498,13 +491,6 @@ def s3_checkpoints(checkpoints: dict[str, Path]) -> Iterator[dict[str, str]]:
                 destination_filesystem=s3,
             )
         yield {name: f"s3://ckpts/{name}?{urlencode(options)}" for name in ("typed", "dedup")}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def test_the_tools_work_on_a_checkpoint_in_s3(checkpoints: dict[str, Path], s3_checkpoints: dict[str, str]) -> None:

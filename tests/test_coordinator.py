@@ -17,19 +17,23 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
-from spark_support import MASTERS, start_session
+from spark_support import start_session
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 BATCHES = 40
 MIN_DELTAS = 2
 
 
-@pytest.fixture(scope="module", params=MASTERS)
+# Separate executor JVMs: the reports cross processes to the driver's coordinator, as in production
+# (local[2] runs the same code in one JVM).
+@pytest.fixture(scope="module", params=["local-cluster[2,1,1024]"])
 def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     # Spark's lag rule at these settings: 5 x 2 versions behind and 10 x 1 s: a store that never
     # reports is forced from about the 10th batch once 10 s have passed, well inside 60 batches.
@@ -69,16 +73,35 @@ def coordinator_snapshot_version(spark: SparkSession, state_dir: str, partition:
     return int(found.get()) if found.isDefined() else None
 
 
+def write_batches(input_dir: Path, batches: int) -> None:
+    """One small file per batch, over 20 keys."""
+    input_dir.mkdir()
+    for b in range(batches):
+        f = input_dir / f"b{b:04d}.json"
+        f.write_text("".join(json.dumps({"key": f"k{(b * 3 + i) % 20}", "value": i}) + "\n" for i in range(10)))
+        os.utime(f, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source orders files by mtime
+
+
+def start_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path, sink: Any = None) -> StreamingQuery:
+    """A sum per key, a file per batch, into `sink` (a foreachBatch function) or nowhere."""
+    writer = (
+        spark.readStream.schema("key string, value long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(input_dir))
+        .groupBy("key")
+        .agg(F.sum("value").alias("total"))
+        .writeStream.outputMode("update")
+    )
+    writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop")
+    return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+
+
 @pytest.mark.parametrize("commit_mode", ["changelog", "snapshot"])
 def test_snapshots_are_reported_so_spark_never_forces_them(
     spark: SparkSession, tmp_path: Path, commit_mode: str
 ) -> None:
     input_dir, checkpoint = tmp_path / "in", tmp_path / "ckpt"
-    input_dir.mkdir()
-    for b in range(BATCHES):
-        f = input_dir / f"b{b:04d}.json"
-        f.write_text("".join(json.dumps({"key": f"k{(b * 3 + i) % 20}", "value": i}) + "\n" for i in range(10)))
-        os.utime(f, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source orders files by mtime
+    write_batches(input_dir, BATCHES)
     spark.conf.set("spark.sql.streaming.stateStore.pystatestore.commitMode", commit_mode)
     state_dir = "file:" + str(checkpoint / "state")
     run: dict[str, str] = {}
@@ -90,18 +113,7 @@ def test_snapshots_are_reported_so_spark_never_forces_them(
             heard.update({p: coordinator_snapshot_version(spark, state_dir, p, run["id"]) for p in range(2)})
         batch.count()
 
-    query = (
-        spark.readStream.schema("key string, value long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(input_dir))
-        .groupBy("key")
-        .agg(F.sum("value").alias("total"))
-        .writeStream.outputMode("update")
-        .foreachBatch(ask_coordinator)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start_aggregation(spark, input_dir, checkpoint, ask_coordinator)
     run["id"] = str(query.runId)
     query.awaitTermination(600)
     assert query.exception() is None, query.exception()
@@ -137,27 +149,12 @@ def test_a_commit_that_makes_a_snapshot_due_gets_it_without_waiting_for_maintena
     runs; the snapshot a commit makes due is made at once, off the commit path. Here maintenance
     would not run at all within the test: every snapshot in the files came from commits."""
     input_dir, checkpoint = tmp_path / "in", tmp_path / "ckpt"
-    input_dir.mkdir()
     batches = 12
-    for b in range(batches):
-        f = input_dir / f"b{b:04d}.json"
-        f.write_text("".join(json.dumps({"key": f"k{(b * 3 + i) % 20}", "value": i}) + "\n" for i in range(10)))
-        os.utime(f, (1_700_000_000 + b, 1_700_000_000 + b))
+    write_batches(input_dir, batches)
     spark.conf.set("spark.sql.streaming.stateStore.pystatestore.commitMode", "changelog")
     spark.conf.set("spark.sql.streaming.stateStore.maintenanceInterval", "10min")
     try:
-        query = (
-            spark.readStream.schema("key string, value long")
-            .option("maxFilesPerTrigger", 1)
-            .json(str(input_dir))
-            .groupBy("key")
-            .agg(F.sum("value").alias("total"))
-            .writeStream.outputMode("update")
-            .format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = start_aggregation(spark, input_dir, checkpoint)
         query.awaitTermination(600)
         assert query.exception() is None, query.exception()
         time.sleep(3)  # the last snapshots are made in the background

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend_support import MODES, changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
 from local_recovery_support import damage_one_sst_in_place
 from pystatestore.errors import StoreConfigError
 from pystatestore.local_recovery import CHANGES_MARKER, MARKER, clean_stale_stores
@@ -353,10 +353,7 @@ def commit_with_maintenance(
         deletes = [k for k in sorted(state)[:20]] if v % 3 == 0 else []
         commit(b, v - 1, changes(puts, deletes), f"t{v}")
         state = {k: x for k, x in state.items() if k not in deletes} | puts
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
     b.maintenance(now=time.time() + 3600)
     b.close()
     return state

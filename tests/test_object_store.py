@@ -10,7 +10,6 @@ bucket with boto3, not through pystatestore's storage layer, and parses manifest
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import time
@@ -21,8 +20,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from backend_support import changes, commit, make_backend, state_of
+from backend_support import changes, commit, make_backend, materialize_if_due, state_of
 from pystatestore.errors import CheckpointDamagedError
+from s3_support import local_s3
 
 DATA_PREFIXES = ("shared/", "private/", "changelog/")
 # (backend, rocksdb commit mode)
@@ -31,23 +31,8 @@ KINDS = [("rocksdb", "changelog"), ("rocksdb", "snapshot"), ("memory", None)]
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[dict[str, str]]:
-    """A local S3 server; credentials come from the environment, as a user's would."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
-    try:
-        host, port = server.get_host_and_port()
-        yield {"region": "us-east-1", "scheme": "http", "endpoint_override": f"{host}:{port}"}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
+    with local_s3() as options:
+        yield options
 
 
 class Bucket:
@@ -140,10 +125,7 @@ def run_history(b: Any, versions: int, seed: int = 5) -> dict[int, dict[bytes, b
             state.pop(k, None)
         state.update(puts)
         states[v] = state
-        job = getattr(b, "prepare_materialization", lambda: None)()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
         b.maintenance()
     return states
 

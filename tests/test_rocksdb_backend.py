@@ -15,9 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend_support import MODES, changes, commit, make_backend, state_of
+from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
 from pystatestore import changelog, frames
-from pystatestore.backends import StateBackend
 from pystatestore.backends import rocksdb as rocksdb_backend
 from pystatestore.backends.rocksdb import _newest_change_per_key
 from pystatestore.errors import CheckpointDamagedError, StoreConfigError
@@ -186,10 +185,7 @@ def test_maintenance_materializes_a_snapshot_off_the_commit_path(store_dir: Path
         puts = {f"k{v}-{i}".encode(): str(v).encode() for i in range(100)}
         commit(b, v - 1, changes(puts), f"t{v}")
         state |= puts
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
     m3 = manifest(store_dir, 3)
     assert sorted(f for f in files_of(store_dir) if f.startswith("snapshots/")) == [
         f"snapshots/3-{m3['manifest_id']}.json"
@@ -217,10 +213,7 @@ def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
         deletes = [k for k in list(state)[:5]] if v == 3 else []
         commit(b, v - 1, changes(puts, deletes), f"t{v}")
         state = {k: x for k, x in state.items() if k not in deletes} | puts
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
     m2 = manifest(store_dir, 2)
     snap = json.loads((store_dir / "snapshots" / f"2-{m2['manifest_id']}.json").read_text())
     assert snap["kind"] == "snapshot" and not snap["shared"] and not snap["private"]
@@ -271,10 +264,7 @@ def test_changelog_gc_keeps_exactly_what_retained_chains_need(store_dir: Path, t
         deletes = [k for k in expected[v - 1] if rnd.random() < 0.1 and k not in puts]
         commit(b, v - 1, changes(puts, deletes), f"t{v}")
         expected[v] = {k: x for k, x in expected[v - 1].items() if k not in deletes} | puts
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
         b.maintenance(now=time.time() + 10_000)  # every snapshot is older than the grace by now
     kept = sorted(int(p.stem) for p in (store_dir / "manifests").iterdir())
     assert kept[-3:] == [12, 13, 14] and kept[0] <= 12  # older ones stay only as the chain's start
@@ -297,10 +287,7 @@ def test_a_replaced_snapshot_goes_without_waiting_for_the_grace_period(store_dir
     b = make_backend("rocksdb", store_dir, tmp_path, retain=1, min_deltas=2)
     for v in range(1, 9):
         commit(b, v - 1, changes({f"k{v}-{i}".encode(): b"x" * 50 for i in range(200)}), f"t{v}")
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
         b.maintenance()  # right away: every snapshot is younger than the grace period
     snapshots = sorted(int(p.name.split("-")[0]) for p in (store_dir / "snapshots").glob("*.json"))
     # retained 7 and 8: their newest snapshots (6, 8) are young, so the ones before them (4, 6)
@@ -311,14 +298,6 @@ def test_a_replaced_snapshot_goes_without_waiting_for_the_grace_period(store_dir
         needed |= b.dependencies(b.read_manifest(v), snapshots=snapshots_in(store_dir), now=time.time())
     data = {f for f in files_of(store_dir) if not f.startswith(("manifests/", "leases/"))}
     assert data == {p for p in needed if not p.startswith("manifests/")}
-
-
-def materialize_if_due(b: StateBackend) -> None:
-    """What maintenance does before collecting garbage: a snapshot of the newest version, if due."""
-    job = b.prepare_materialization()
-    if job is not None:
-        b.finish_materialization(job)
-        b.complete_materialization(job)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -399,10 +378,7 @@ def test_replay_from_a_snapshot_and_the_change_feed(store_dir: Path, tmp_path: P
     for v in range(1, 6):
         puts = {b"k": str(v).encode(), f"only{v}".encode(): b"x"}
         commit(b, v - 1, changes(puts, [f"only{v - 1}".encode()]), f"t{v}")
-        job = b.prepare_materialization()
-        if job is not None:
-            b.finish_materialization(job)
-            b.complete_materialization(job)
+        materialize_if_due(b)
     assert b.snapshot_versions() == [2, 4]
     fresh = make_backend("rocksdb", store_dir, tmp_path / "fresh", options={"localRecovery": "false"})
     result = fresh.replay(2, 5)
