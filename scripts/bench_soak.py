@@ -12,7 +12,7 @@ are counted from the files that appear in the checkpoint (pystatestore: snapshot
 snapshot manifest; Spark RocksDB: <version>.zip), whatever later deletes them.
 
     .venv/bin/python scripts/bench_soak.py [--minutes 30] [--partitions 200] [--keys 100000]
-        [--touched-pct 1] [--pyspark 4.1|4.2|4.3] [--out bench/soak-....txt]
+        [--touched-pct 1] [--pyspark 4.1|4.2|4.3] [--out bench/soak-....txt] [--raw bench/soak-....json]
 
 Goals (issue 29), checked at the end: ours' last window commit p50 within 1.1x of its first steady
 window and at most 0.5x Spark RocksDB changelog's; snapshots per store within one of versions /
@@ -263,12 +263,32 @@ def windows(run: dict[str, Any], partitions: int) -> list[dict[str, float]]:
                 "rss": max(s["rss"] for s in inside),
                 "fds": max(s["fds"] for s in inside),
                 "threads": max(s["threads"] for s in inside),
-                "files": inside[-1]["files"],
-                "bytes": inside[-1]["bytes"],
+                # The checkpoint grows between maintenance runs (a minute's versions) and shrinks at
+                # each: the median of the window's samples, not the one at its end, says whether it grows.
+                "files": statistics.median(s["files"] for s in inside),
+                "bytes": statistics.median(s["bytes"] for s in inside),
                 "forced": sum(op.get("customMetrics", {}).get("pystatestoreSnapshotsForced", 0) for op in ops),
             }
         )
     return out
+
+
+def raw_figures(run: dict[str, Any], partitions: int) -> dict[str, Any]:
+    """What the report is computed from, small enough to keep beside it."""
+    return {
+        "batches": [
+            {
+                "id": b["batchId"],
+                "timestamp": b["timestamp"],
+                "batch_ms": b["durationMs"]["triggerExecution"],
+                "commit_ms": b["stateOperators"][0]["commitTimeMs"] / partitions,
+                "forced": b["stateOperators"][0].get("customMetrics", {}).get("pystatestoreSnapshotsForced", 0),
+            }
+            for b in run["batches"]
+        ],
+        "samples": run["samples"],
+        "snapshots_per_store": {store: len(files) for store, files in run["snapshots"].items()},
+    }
 
 
 def growth(ws: list[dict[str, float]], key: str) -> float:
@@ -284,6 +304,7 @@ def main() -> int:
     ap.add_argument("--touched-pct", type=float, default=1.0)
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--raw", type=Path, help="also write every batch's figures and every sample here (JSON)")
     ap.add_argument("--child", choices=list(RUNS), help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
@@ -301,6 +322,9 @@ def main() -> int:
     # More files than the fastest run can take (a batch takes at least ~0.5 s here).
     write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 0.5) + 10)
     results = {name: run_provider(name, args, work) for name in RUNS}
+    if args.raw:
+        args.raw.parent.mkdir(parents=True, exist_ok=True)
+        args.raw.write_text(json.dumps({name: raw_figures(run, args.partitions) for name, run in results.items()}))
     if not os.environ.get("PSS_SOAK_KEEP"):
         shutil.rmtree(work, ignore_errors=True)
 
@@ -315,7 +339,7 @@ def main() -> int:
         f"# workload: a streaming aggregation over {args.keys} keys (all in the first batch), {touched} keys "
         f"updated per batch; each provider's query runs {args.minutes:g} min in its own JVM",
         "# per window of 100 batches: commit p50 per partition, median batch, peak RSS / descriptors / threads "
-        "of the JVM and all processes under it, checkpoint files and bytes at the window's end",
+        "of the JVM and all processes under it, median checkpoint files and bytes (sampled every 5 s)",
         "",
     ]
     table: dict[str, list[dict[str, float]]] = {}
