@@ -22,10 +22,14 @@ object MinorScenarios {
       val p = provider(dir, conf = conf)
       def manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
       // As Spark 4.3's snapshot thread runs between batches: a snapshot every 2 versions, no GC.
+      // (A commit that makes a snapshot due also asks for it at once, in the background: the
+      // snapshot maintenance call skips a snapshot already being made, so the last may come later.)
       (1 to 6).foreach { v => commitVersion(p, v - 1, Map(s"k$v" -> v)); p.doSnapshotMaintenance() }
       check(manifests.size == 6, s"snapshot maintenance deleted versions: $manifests")
       if (changelogCommits) {
-        val snapshots = Since42Scenarios.snapshotFiles(dir).map(_.takeWhile(_ != '-'))
+        def snapshots = Since42Scenarios.snapshotFiles(dir).map(_.takeWhile(_ != '-'))
+        val deadline = System.currentTimeMillis() + 20000
+        while (snapshots != Seq("2", "4", "6") && System.currentTimeMillis() < deadline) Thread.sleep(50)
         check(snapshots == Seq("2", "4", "6"), s"snapshot maintenance made snapshots of: $snapshots")
         Thread.sleep(10500) // past the grace that keeps the chain before a fresh snapshot
       }
@@ -37,8 +41,11 @@ object MinorScenarios {
 
     scenario("an_unloaded_provider_skips_periodic_maintenance") {
       val dir = newDir()
+      // No commit here makes a snapshot due (100 versions), but a maintenance run would make one
+      // (the changes since the last exceed changelogMaxBytes).
       val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "1",
-        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "1")
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "100",
+        "spark.sql.streaming.stateStore.pystatestore.changelogMaxBytes" -> "1")
       val p = provider(dir, conf = conf)
       (1 to 4).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
       p.setUnloaded()
