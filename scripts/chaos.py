@@ -43,8 +43,8 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from backend_support import open_store  # noqa: E402
-from pystatestore.manifest import Manifest, checksum  # noqa: E402
-from pystatestore.retention import DATA_DIRS  # noqa: E402
+from pystatestore.store.manifest import Manifest, checksum  # noqa: E402
+from pystatestore.store.retention import DATA_DIRS  # noqa: E402
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, start_session, write_input_files  # noqa: E402
 from test_e2e import aggregation, pandas_sessions  # noqa: E402
 

@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 import rocksdict
 
-from pystatestore import frames
-from pystatestore.backends import BACKENDS, CommitResult, StateBackend, StoreContext
-from pystatestore.manifest import Manifest
-from pystatestore.remote import RemoteStore
+from pystatestore.store import frames
+from pystatestore.store.backends import BACKENDS, CommitResult, StateBackend, StoreContext
+from pystatestore.store.manifest import Manifest
+from pystatestore.store.remote import RemoteStore
 
 
 def changes(puts: dict[bytes, bytes] | None = None, deletes: list[bytes] | tuple[bytes, ...] = ()) -> pa.Table:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pystatestore.local_recovery import MARKER
+from pystatestore.store.local_recovery import MARKER
 
 
 def damage_one_sst_in_place(recovery_root: Path) -> Path:

@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pystatestore.manifest import snapshot_of
+from pystatestore.store.manifest import snapshot_of
 from spark_support import (
     OUR_PROVIDER,
     ROCKSDB_PROVIDER,

@@ -26,9 +26,9 @@ from click.testing import CliRunner
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from pystatestore.checkpoint import StoreReader, open_checkpoint
-from pystatestore.cli import _json_value, main
-from pystatestore.inspection import (
+from pystatestore.tools.checkpoint import StoreReader, open_checkpoint
+from pystatestore.tools.cli import _json_value, main
+from pystatestore.tools.inspection import (
     disk_usage,
     gc_dry_run,
     python_rows,
@@ -36,9 +36,9 @@ from pystatestore.inspection import (
     unique_names,
     verify_checkpoint,
 )
-from pystatestore.key_lookup import num_partitions
-from pystatestore.spark_hash import hash_value, partition_of
-from pystatestore.unsafe_row import StateRowDecoder, encode_row, parse_schema
+from pystatestore.tools.key_lookup import num_partitions
+from pystatestore.tools.spark_hash import hash_value, partition_of
+from pystatestore.tools.unsafe_row import StateRowDecoder, encode_row, parse_schema
 from s3_support import local_s3
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
 from test_e2e import dedup, pandas_sessions

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pystatestore.service import StoreService
+from pystatestore.worker.service import StoreService
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, run_with_restart, start_session, write_input_files
 from test_e2e import aggregation
 

@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from backend_support import open_store
-from pystatestore.manifest import MANIFEST_DIR, manifest_path
-from pystatestore.retention import DATA_DIRS
+from pystatestore.store.manifest import MANIFEST_DIR, manifest_path
+from pystatestore.store.retention import DATA_DIRS
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, start_session, unload_state_stores, write_input_files
 from test_e2e import aggregation
 

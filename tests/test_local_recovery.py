@@ -15,8 +15,8 @@ import pytest
 
 from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
 from local_recovery_support import damage_one_sst_in_place
-from pystatestore.errors import StoreConfigError
-from pystatestore.local_recovery import CHANGES_MARKER, MARKER, clean_stale_stores
+from pystatestore.store.errors import StoreConfigError
+from pystatestore.store.local_recovery import CHANGES_MARKER, MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
 
@@ -70,7 +70,7 @@ def test_damaged_sst_in_local_copy_is_fetched_alone_and_named(tmp_path: Path, ca
     """A snapshot version's copy is checked file by file against its manifest."""
     expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode="snapshot")
     sst = damage_one_sst_in_place(tmp_path / "rec")
-    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+    with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
         b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
     assert result.metrics["restoreRemoteFiles"] == 1
     assert result.metrics["restoreLocalFiles"] > 0
@@ -84,7 +84,7 @@ def test_a_damaged_copy_of_a_changelog_version_is_not_used(tmp_path: Path, caplo
     by every copy through hard links, so here the state comes from the checkpoint's changes)."""
     expected = commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", mode="changelog")
     sst = damage_one_sst_in_place(tmp_path / "rec")
-    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+    with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
         b, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 3)
     assert result.metrics["restoreLocalFiles"] == 0 and result.metrics["restoreChangelogVersions"] == 3
     assert any(sst.name in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records), caplog.text
@@ -97,7 +97,7 @@ def test_unwritable_recovery_dir_never_fails_a_commit(
 ) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the recovery dir should be")
-    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+    with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
         expected = commit_versions(tmp_path / "store", tmp_path / "w1", blocker / "rec", mode=mode)
     assert sum("local recovery copies disabled" in r.getMessage() for r in caplog.records) == 1  # warned once
     b, result = restore(tmp_path / "store", tmp_path / "w2", blocker / "rec", 3)
@@ -212,7 +212,7 @@ def test_a_recovery_dir_of_another_user_is_never_used(tmp_path: Path, caplog: py
     rec = tmp_path / "rec"
     expected = commit_versions(tmp_path / "store", tmp_path / "w1", rec)
     os.chown(rec, 65534, 65534)  # now it belongs to "nobody", who could have planted files
-    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+    with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
         b, result = restore(tmp_path / "store", tmp_path / "w2", rec, 3)
     assert result.metrics["restoreLocalFiles"] == 0, "a copy in someone else's directory was trusted"
     assert any("belongs to uid 65534" in r.getMessage() for r in caplog.records), caplog.text
@@ -403,7 +403,7 @@ def test_damaged_kept_changes_are_fetched_alone_and_named(tmp_path: Path, caplog
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0x01
     damaged.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+    with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
         b, result = restore(store, tmp_path / "w2", rec, 10)
     assert result.metrics["restoreRemoteFiles"] == 1, result.metrics  # version 9's changes only
     assert any(str(damaged) in r.getMessage() for r in caplog.records), caplog.text

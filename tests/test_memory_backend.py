@@ -10,9 +10,9 @@ import pytest
 
 from backend_support import changes, state_of
 from backend_support import make_backend as make_named_backend
-from pystatestore import frames
-from pystatestore.backends import StateBackend
-from pystatestore.errors import CheckpointDamagedError, CheckpointMissingError
+from pystatestore.store import frames
+from pystatestore.store.backends import StateBackend
+from pystatestore.store.errors import CheckpointDamagedError, CheckpointMissingError
 
 
 def make_backend(store_dir: Path, retain: int = 100, grace: float = 600.0) -> StateBackend:

@@ -35,11 +35,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from backend_support import changes, commit, make_backend, state_of
-from pystatestore.backends import StateBackend
-from pystatestore.errors import CheckpointDamagedError
-from pystatestore.leases import LeaseLostError
-from pystatestore.manifest import snapshot_of
-from pystatestore.remote import RemoteFile
+from pystatestore.store.backends import StateBackend
+from pystatestore.store.errors import CheckpointDamagedError
+from pystatestore.store.leases import LeaseLostError
+from pystatestore.store.manifest import snapshot_of
+from pystatestore.store.remote import RemoteFile
 
 settings.register_profile(
     "ci", max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import pytest
 
 from backend_support import changes, commit, make_backend, materialize_if_due, state_of
-from pystatestore.errors import CheckpointDamagedError
+from pystatestore.store.errors import CheckpointDamagedError
 from s3_support import local_s3
 
 DATA_PREFIXES = ("shared/", "private/", "changelog/")

@@ -114,7 +114,7 @@ def test_jar_and_package_agree_on_release_and_protocol() -> None:
 
     import tomllib
 
-    from pystatestore.service import PROTOCOL_VERSION
+    from pystatestore.worker.service import PROTOCOL_VERSION
 
     shim = ROOT / "jvm-shim" / "src" / "main" / "scala" / "org" / "pystatestore"
     release = re.search(r'val Version = "([^"]+)"', (shim / "Release.scala").read_text()).group(1)

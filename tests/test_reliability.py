@@ -20,19 +20,19 @@ import pyarrow.fs as pafs
 import pytest
 
 from backend_support import MODES, changes, commit, hold_at, make_backend, state_of
-from pystatestore import frames
-from pystatestore.backends import StateBackend
-from pystatestore.errors import (
+from pystatestore.store import frames
+from pystatestore.store.backends import StateBackend
+from pystatestore.store.errors import (
     BaseVersionReplacedError,
     CheckpointDamagedError,
     CheckpointMissingError,
     InvalidPathError,
     StoreConfigError,
 )
-from pystatestore.leases import LEASE_DIR, CommitLease, LeaseLostError, validate_grace
-from pystatestore.manifest import Manifest
-from pystatestore.remote import RemoteStore, filesystem_for, is_object_store
-from pystatestore.service import StoreService
+from pystatestore.store.leases import LEASE_DIR, CommitLease, LeaseLostError, validate_grace
+from pystatestore.store.manifest import Manifest
+from pystatestore.store.remote import RemoteStore, filesystem_for, is_object_store
+from pystatestore.worker.service import StoreService
 
 BACKENDS = ["memory", "rocksdb"]
 FAR_FUTURE = 1e12
@@ -605,7 +605,7 @@ def test_object_stores_are_told_from_local_disks(uri: str, object_store: bool) -
 
 def test_a_test_fault_can_wait_for_a_later_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fault seam's "after": the point passes that many times, then the rule fires `times` times."""
-    from pystatestore import faults
+    from pystatestore.worker import faults
 
     rule = {"store": "/later/", "point": "commit:applied", "action": "fail", "after": 2, "times": 1}
     monkeypatch.setenv(faults.ENV, json.dumps([rule]))
@@ -623,7 +623,7 @@ def test_a_test_fault_can_wait_for_a_later_commit(tmp_path: Path, monkeypatch: p
 
 def test_a_test_fault_fires_once_across_worker_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With "once", a worker that replaced one that fired the rule (fresh counters) does not fire it."""
-    from pystatestore import faults
+    from pystatestore.worker import faults
 
     marker = tmp_path / "fired"
     record = tmp_path / "fired.txt"
@@ -646,7 +646,7 @@ def test_a_test_fault_fires_once_across_worker_processes(tmp_path: Path, monkeyp
 def test_a_partial_upload_fails_its_commit_and_gc_removes_it(tmp_path: Path) -> None:
     """A transfer that dies part-way through a file (the seam's "upload:chunk") leaves a partial
     file under the store: the commit fails, the retry commits, and GC past the grace removes it."""
-    from pystatestore.transfer import CHUNK
+    from pystatestore.store.transfer import CHUNK
 
     store = tmp_path / "store"
     b = make_backend("rocksdb", store, tmp_path / "local", mode="snapshot")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pystatestore.leases import leased_bases
-from pystatestore.remote import RemoteFile
-from pystatestore.retention import plan_retention
+from pystatestore.store.leases import leased_bases
+from pystatestore.store.remote import RemoteFile
+from pystatestore.store.retention import plan_retention
 
 NOW = 1_000_000.0
 GRACE = 600.0

@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
-from pystatestore import changelog, frames
-from pystatestore.backends import rocksdb as rocksdb_backend
-from pystatestore.backends.rocksdb import _newest_change_per_key
-from pystatestore.errors import CheckpointDamagedError, StoreConfigError
-from pystatestore.manifest import snapshot_of
-from pystatestore.remote import RemoteFile, RemoteStore
-from pystatestore.transfer import CHUNK, download_all, upload_all
+from pystatestore.store import changelog, frames
+from pystatestore.store.backends import rocksdb as rocksdb_backend
+from pystatestore.store.backends.rocksdb import _newest_change_per_key
+from pystatestore.store.errors import CheckpointDamagedError, StoreConfigError
+from pystatestore.store.manifest import snapshot_of
+from pystatestore.store.remote import RemoteFile, RemoteStore
+from pystatestore.store.transfer import CHUNK, download_all, upload_all
 
 
 @pytest.fixture
@@ -503,7 +503,7 @@ def test_gc_parses_a_settled_manifest_once_and_again_when_it_is_replaced(
 ) -> None:  # noqa: ANN001
     """GC runs for every store every maintenance interval: manifests it parsed before and that the
     listing shows unchanged are not read again; a replaced one is, and a fresh one is never kept."""
-    import pystatestore.backends.base as base_module
+    import pystatestore.store.backends.base as base_module
 
     parsed: list[str] = []
     from_json = base_module.Manifest.from_json
@@ -535,8 +535,8 @@ def test_gc_parses_a_settled_manifest_once_and_again_when_it_is_replaced(
 
 
 def test_parsed_manifests_match_only_the_very_file_listed() -> None:
-    from pystatestore.backends.base import ParsedManifests
-    from pystatestore.manifest import Manifest
+    from pystatestore.store.backends.base import ParsedManifests
+    from pystatestore.store.manifest import Manifest
 
     cache = ParsedManifests()
     m = Manifest(

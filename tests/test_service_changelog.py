@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from backend_support import changes, hold_at, read_view
-from pystatestore import frames
-from pystatestore.service import StoreService
+from pystatestore.store import frames
+from pystatestore.worker.service import StoreService
 
 
 def open_store(service: StoreService, tmp_path: Path, **options: str) -> str:

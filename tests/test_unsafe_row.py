@@ -13,8 +13,8 @@ import struct
 import pyarrow as pa
 import pytest
 
-from pystatestore.manifest import KEY_ENCODING_PREFIX
-from pystatestore.unsafe_row import (
+from pystatestore.store.manifest import KEY_ENCODING_PREFIX
+from pystatestore.tools.unsafe_row import (
     RowDecodeError,
     SchemaError,
     StateRowDecoder,

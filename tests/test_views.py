@@ -15,10 +15,10 @@ import pytest
 import rocksdict
 
 from backend_support import changes, commit, make_backend, read_view, state_of
-from pystatestore.backends import StateBackend
-from pystatestore.backends.rocksdb import RocksDBBackend
-from pystatestore.errors import CheckpointDamagedError, StoreConfigError
-from pystatestore.manifest import FORMAT_VERSION, KEY_ENCODING_PREFIX
+from pystatestore.store.backends import StateBackend
+from pystatestore.store.backends.rocksdb import RocksDBBackend
+from pystatestore.store.errors import CheckpointDamagedError, StoreConfigError
+from pystatestore.store.manifest import FORMAT_VERSION, KEY_ENCODING_PREFIX
 
 
 def prefixed(backend: StateBackend) -> StateBackend:
@@ -176,7 +176,7 @@ def test_a_local_copy_on_another_filesystem_is_copied_and_reported(
             tmp_path / "w",
             options={"localRecoveryDir": str(other_fs), "localRecoveryInterval": "1"},
         )
-        with caplog.at_level(logging.WARNING, logger="pystatestore.local_recovery"):
+        with caplog.at_level(logging.WARNING, logger="pystatestore.store.local_recovery"):
             result = b.commit(0, changes({b"k": b"v" * 1000}), "t", num_keys=1, view_dir=new_view(b))
             b.commit(1, changes({b"k2": b"v"}), "t2", num_keys=2, view_dir=new_view(b))
         assert result.metrics["localCopySaved"] == 1 and result.metrics["localCopyBytesCopied"] > 0
@@ -187,7 +187,7 @@ def test_a_local_copy_on_another_filesystem_is_copied_and_reported(
 
 
 def test_the_default_local_recovery_dir_is_beside_the_jvm_work_dirs(tmp_path: Path) -> None:
-    from pystatestore.local_recovery import default_root
+    from pystatestore.store.local_recovery import default_root
 
     assert default_root(str(tmp_path)) == tmp_path / f"pystatestore-local-recovery-{os.getuid()}"
     assert default_root("").parent == Path(tempfile.gettempdir())

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pystatestore.release import __version__
 from pystatestore.spark_minors import BUILT_AGAINST, UnsupportedSparkVersionError, jar_name, minor_of
 
-__version__ = "0.5.0"
 PROVIDER_CLASS = "org.pystatestore.PythonStateStoreProvider"
 CONF_PREFIX = "spark.sql.streaming.stateStore.pystatestore."
 

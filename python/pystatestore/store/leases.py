@@ -33,6 +33,7 @@ from .remote import RemoteFile, RemoteStore
 
 LEASE_DIR = "leases"
 MIN_GRACE_SECONDS = 10.0
+DEFAULT_ORPHAN_GRACE_SECONDS = 600.0  # orphanGraceSeconds when the conf is unset
 _TOKEN = r"[0-9a-f]{32}"
 _PRIVATE = re.compile(rf"^(?:private|changelog)/\d+-({_TOKEN})(?:[/.]|$)")
 _SHARED = re.compile(rf"^shared/({_TOKEN})(?:[-.]|$)")

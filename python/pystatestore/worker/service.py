@@ -20,16 +20,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import __version__, faults, frames
-from .backends import BACKENDS, DEFAULT_BACKEND, LoadResult, StateBackend, StoreContext
-from .errors import StateStoreError, StoreConfigError
-from .leases import validate_grace
-from .manifest import KEY_ENCODING_RAW
-from .remote import RemoteStore
+from ..release import __version__
+from ..store import frames
+from ..store.backends import BACKENDS, DEFAULT_BACKEND, LoadResult, StateBackend, StoreContext
+from ..store.errors import StateStoreError, StoreConfigError
+from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS, validate_grace
+from ..store.manifest import KEY_ENCODING_RAW
+from ..store.remote import RemoteStore
+from . import faults
 
 PROTOCOL_VERSION = 6
 MAINTENANCE_PARTS = ("snapshot", "cleanup")
-DEFAULT_ORPHAN_GRACE_SECONDS = 600.0
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
 log = logging.getLogger("pystatestore.service")

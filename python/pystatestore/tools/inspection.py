@@ -19,12 +19,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..store.errors import StateStoreError
+from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
+from ..store.remote import RemoteFile, join_uri
+from ..store.retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
 from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader, manifest_versions
-from .errors import StateStoreError
 from .key_lookup import KeyValueError, lookup_error, plan_lookup
-from .manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
-from .remote import RemoteFile, join_uri
-from .retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
 from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder, unique_names
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
@@ -478,7 +478,7 @@ class Usage:
 
 def disk_usage(ckpt: SparkCheckpoint, progress: Progress = _no_progress) -> list[Usage]:
     """Bytes and files of each store by kind (what `du` shows)."""
-    from .remote import RemoteStore
+    from ..store.remote import RemoteStore
 
     out = []
     for i, loc in enumerate(ckpt.stores):

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
+from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -14,9 +14,9 @@ import decimal
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..store.errors import StoreConfigError
+from ..store.manifest import KEY_ENCODING_RAW
 from .checkpoint import DEFAULT_STORE_NAME, SparkCheckpoint, StoreLocation
-from .errors import StoreConfigError
-from .manifest import KEY_ENCODING_RAW
 from .spark_hash import partition_of
 from .unsafe_row import SparkType, UnsupportedTypeError, encode_row, parse_schema, unique_names
 

@@ -37,9 +37,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from ..release import __version__
+from ..store.errors import StateStoreError
+from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from .checkpoint import SparkCheckpoint, open_checkpoint
-from .errors import StateStoreError
 from .inspection import (
     KINDS,
     disk_usage,
@@ -51,7 +52,6 @@ from .inspection import (
     unique_names,
     verify_checkpoint,
 )
-from .service import DEFAULT_ORPHAN_GRACE_SECONDS
 
 # Lines are never broken inside a message (a path must stay one word); off a terminal, tables get
 # room for their columns rather than rich's default 80.

@@ -1,4 +1,4 @@
-"""The Python state worker process: `python -m pystatestore.worker`, started by the JVM shim.
+"""The Python state worker process: `python -m pystatestore.worker` (see __main__.py), started by the JVM shim.
 
 The JVM writes one line to the worker's stdin, `{"port": P, "token": T}`, and keeps the pipe open:
 so the gateway token never appears on a command line or in /proc/<pid>/environ. The worker connects
@@ -79,6 +79,3 @@ def main() -> int:
     finally:
         os._exit(0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,10 +23,10 @@ from typing import Any
 
 import pyarrow._fs as pafs
 
-from .backends import BACKENDS, StateBackend, StoreContext
-from .errors import CheckpointMissingError, StoreConfigError
-from .manifest import MANIFEST_DIR, Manifest, version_of_manifest
-from .remote import RemoteStore, describe_foreign_layout, filesystem_for, join_uri
+from ..store.backends import BACKENDS, StateBackend, StoreContext
+from ..store.errors import CheckpointMissingError, StoreConfigError
+from ..store.manifest import MANIFEST_DIR, Manifest, version_of_manifest
+from ..store.remote import RemoteStore, describe_foreign_layout, filesystem_for, join_uri
 
 DEFAULT_STORE_NAME = "default"
 OUR_PROVIDER = "org.pystatestore.PythonStateStoreProvider"
@@ -335,7 +335,7 @@ class StoreReader:
         """`version` restored: a dict for frame backends, else its RocksDB opened read-only."""
         import rocksdict
 
-        from . import frames
+        from ..store import frames
 
         if self.backend.read_path == "frame":
             result = self.backend.load(version)

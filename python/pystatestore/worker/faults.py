@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from .backends import StateBackend
+from ..store.backends import StateBackend
 
 ENV = "PYSTATESTORE_TEST_FAULTS"
 log = logging.getLogger("pystatestore.faults")
