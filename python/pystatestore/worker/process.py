@@ -78,4 +78,3 @@ def main() -> int:
         gateway.shutdown()
     finally:
         os._exit(0)
-
