@@ -36,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from backend_support import changes, commit, make_backend, state_of
 from pystatestore.store.backends import StateBackend
+from pystatestore.store.backends.rocksdb import RocksDBBackend
 from pystatestore.store.errors import CheckpointDamagedError
 from pystatestore.store.leases import LeaseLostError
 from pystatestore.store.manifest import snapshot_of
@@ -125,7 +126,7 @@ def settle_compactions(backend: StateBackend) -> None:
     without this, which files a version has (and so whether an empty commit uploads anything, and
     reaches a fault at "upload:file") would depend on thread timing, and Hypothesis, which replays
     a history's choices expecting the same outcomes, reports the history as flaky."""
-    db = getattr(backend, "_db", None)
+    db = backend.db.db if isinstance(backend, RocksDBBackend) else None
     deadline = time.monotonic() + 60
     quiet = 0
     while db is not None and quiet < 3:  # three quiet looks in a row: none between picking and running

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
 from pystatestore.store import changelog, frames
-from pystatestore.store.backends import rocksdb as rocksdb_backend
-from pystatestore.store.backends.rocksdb import _newest_change_per_key
+from pystatestore.store.backends.rocksdb import replay as rocksdb_replay
+from pystatestore.store.backends.rocksdb.replay import newest_change_per_key
 from pystatestore.store.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.store.manifest import snapshot_of
 from pystatestore.store.remote import RemoteFile, RemoteStore
@@ -444,7 +444,7 @@ def test_merged_replay_keeps_each_keys_newest_change(versions: list[dict[bytes, 
     one_by_one: dict[bytes, bytes | None] = {}
     for c in versions:
         one_by_one.update(c)
-    merged = _newest_change_per_key([t.sort_by([("key", "ascending")]) for t in tables])
+    merged = newest_change_per_key([t.sort_by([("key", "ascending")]) for t in tables])
     rows = merged.to_pylist()
     assert [r["key"] for r in rows] == sorted(one_by_one)
     assert {r["key"]: (r["value"] if r["op"] == frames.OP_PUT else None) for r in rows} == one_by_one
@@ -460,8 +460,8 @@ def test_a_restore_replays_a_chain_of_overlapping_changes_in_few_ingests(
 ) -> None:
     """Small versions are merged into one SST; larger ones get an SST each, and the SSTs of one
     ingest overlap: the later version's puts and deletes must win."""
-    monkeypatch.setattr(rocksdb_backend, "REPLAY_MERGE_BYTES", merge_bytes)
-    monkeypatch.setattr(rocksdb_backend, "REPLAY_INGEST_FILES", files_per_ingest)
+    monkeypatch.setattr(rocksdb_replay, "REPLAY_MERGE_BYTES", merge_bytes)
+    monkeypatch.setattr(rocksdb_replay, "REPLAY_INGEST_FILES", files_per_ingest)
     store = tmp_path / "store"
     writer = make_backend("rocksdb", store, tmp_path / "w", mode="changelog", options={"localRecovery": "false"})
     steps: list[tuple[dict[bytes, bytes], list[bytes]]] = [
@@ -495,7 +495,7 @@ def test_a_damaged_segment_is_not_reported_as_an_unsorted_frame(tmp_path: Path) 
         yield  # a generator, read lazily like a segment
 
     with pytest.raises(changelog.SegmentFormatError, match="offsets out of order"):
-        b._write_change_file(damaged(), 2)
+        b.db.write_change_file(damaged(), 2)
 
 
 def test_gc_parses_a_settled_manifest_once_and_again_when_it_is_replaced(

@@ -16,7 +16,7 @@ import rocksdict
 
 from backend_support import changes, commit, make_backend, read_view, state_of
 from pystatestore.store.backends import StateBackend
-from pystatestore.store.backends.rocksdb import RocksDBBackend
+from pystatestore.store.backends.rocksdb.local_db import LocalDB
 from pystatestore.store.errors import CheckpointDamagedError, StoreConfigError
 from pystatestore.store.manifest import FORMAT_VERSION, KEY_ENCODING_PREFIX
 
@@ -69,13 +69,13 @@ def test_the_worker_reads_no_keys_to_count_them(tmp_path: Path, monkeypatch: pyt
         def __getattr__(self, name: str) -> object:
             return getattr(self._db, name)
 
-    original = RocksDBBackend._open
+    original = LocalDB.open
 
-    def counting_open(self: RocksDBBackend, *args: object, **kwargs: object) -> None:
+    def counting_open(self: LocalDB, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)  # type: ignore[arg-type]
-        self._db = CountingDB(self._db)  # type: ignore[assignment]
+        self.db = CountingDB(self.db)  # type: ignore[assignment]
 
-    monkeypatch.setattr(RocksDBBackend, "_open", counting_open)
+    monkeypatch.setattr(LocalDB, "open", counting_open)
     real_checkpoint = rocksdict.Checkpoint
     monkeypatch.setattr(
         rocksdict, "Checkpoint", lambda db: real_checkpoint(db._db if isinstance(db, CountingDB) else db)

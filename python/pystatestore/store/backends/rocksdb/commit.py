@@ -1,0 +1,189 @@
+"""Committing a version: the JVM's changes go into the local DB as one ingested SST, a RocksDB
+checkpoint of it becomes the JVM's view, and what is made durable depends on the commit mode:
+the version's changes (changelog) or the SSTs its nearest snapshot lacks (snapshot). The manifest
+is written last, atomically: it is the commit point."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ... import changelog, frames
+from ...errors import CheckpointMissingError, StoreConfigError
+from ...leases import CommitLease
+from ...manifest import SNAPSHOT_DIR, manifest_path, snapshot_of
+from ..base import CommitResult, elapsed_ms
+from .config import APPLY_CHUNK_ROWS
+from .restore import ensure_at
+from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes
+
+if TYPE_CHECKING:
+    from ...manifest import Manifest
+    from . import RocksDBBackend
+
+# The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them).
+TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
+
+
+def commit_under(
+    b: RocksDBBackend,
+    lease: CommitLease,
+    base_version: int,
+    changes: frames.Changes,
+    attempt_id: str,
+    base_manifest_id: str | None,
+    num_keys: int,
+    checkpoint_dir: Path,
+    view_dir: str | None,
+) -> CommitResult:
+    """The commit of version `base_version + 1` under the attempt's lease (see RocksDBBackend.commit)."""
+    version = base_version + 1
+    db = b.db
+    base, load_cost = ensure_at(b, base_version)
+    b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
+    assert db.db is not None
+    db.forget_version()  # from here on the local DB equals no manifest until this commit succeeds
+    metrics: dict[str, int] = {**load_cost}
+    changelog_mode = b.config.mode == "changelog"
+    segment_path = db.work_dir / f"segment-{version}-{uuid.uuid4().hex[:8]}" if changelog_mode else None
+
+    t = time.perf_counter()
+    segment = changelog.SegmentWriter(segment_path) if segment_path is not None else None
+    try:
+        batches = frames.change_batches(frames.sorted_by_key(changes), APPLY_CHUNK_ROWS)
+        change_file = db.write_change_file(batches, version, also=segment)
+        rows = segment.close() if segment is not None else 0
+    except BaseException:
+        if segment is not None:
+            segment.abort()
+        if segment_path is not None:
+            segment_path.unlink(missing_ok=True)
+        raise
+    metrics["applyMs"] = elapsed_ms(t)
+    b._fault_point("commit:applied")
+
+    t = time.perf_counter()
+    if change_file is not None:
+        db.ingest(change_file)
+    metrics["flushMs"] = elapsed_ms(t)
+    b._fault_point("commit:flushed")
+
+    published = False
+    try:
+        t = time.perf_counter()
+        db.checkpoint(checkpoint_dir)
+        metrics["checkpointMs"] = elapsed_ms(t)
+        b._fault_point("commit:checkpointed")
+        t = time.perf_counter()
+        if segment_path is not None:
+            changes_ref, uploaded = store_changes(b, segment_path, rows, version, lease.token, b.config.inline_bytes)
+            manifest = b.new_changelog_manifest(
+                version,
+                num_keys,
+                attempt_id,
+                parent_manifest_id=base.manifest_id if base else "",
+                changes=changes_ref,
+            )
+        else:
+            manifest, uploaded = snapshot_of_checkpoint(
+                b, checkpoint_dir, version, num_keys, attempt_id, lease.token, reusable_for(b, base)
+            )
+        metrics["uploadMs"] = elapsed_ms(t)
+        b._fault_point("commit:uploaded")
+        t = time.perf_counter()
+        manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
+        body = manifest.to_json()
+        lease.check_before_publish()
+        if lease.base_version is not None and base is not None:
+            check_base_intact(b, base)
+        b.remote.publish(manifest_path(version), body)  # the commit point
+        published = True
+        metrics["manifestMs"] = elapsed_ms(t)
+        b._fault_point("commit:manifest-written")
+        copies = b.local_copies
+        if copies is not None and local_copy_due(b, version, manifest):
+            known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
+            saved = copies.save(version, manifest.manifest_id, checkpoint_dir, known)
+            metrics["localCopySaved"] = int(saved.kept)
+            metrics["localCopyBytesCopied"] = saved.bytes_copied
+        if copies is not None and segment_path is not None and uploaded:
+            # The changes went to a file of their own (not inside the manifest): keep that file on
+            # this host too, so a restore replays them from here. Copies older than the kept window
+            # of copies never need the changes before them.
+            window = b.config.local_copy_interval * copies.versions_kept
+            kept = copies.save_changes(version, manifest.manifest_id, segment_path, drop_through=version - window)
+            metrics["localCopyBytesCopied"] = metrics.get("localCopyBytesCopied", 0) + kept.bytes_copied
+    finally:
+        if segment_path is not None:
+            segment_path.unlink(missing_ok=True)
+        if view_dir is None or not published:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a view only for a published version
+    db.set_version(version, manifest)
+    if not manifest.is_changelog:
+        db.ancestor = manifest
+        db.snapshot_at = version
+    bytes_uploaded = sum(r.size for r in uploaded)
+    refs = manifest.shared | manifest.private
+    metrics.update(
+        filesUploaded=len(uploaded),
+        filesReused=sum(1 for r in refs.values() if not r.inline) - len(uploaded),
+        filesInline=sum(1 for r in refs.values() if r.inline),
+        bytesUploaded=bytes_uploaded,
+        changelogRows=manifest.changes.rows if manifest.changes else 0,
+    )
+    return CommitResult(
+        version,
+        num_keys,
+        bytes_uploaded + len(body),
+        len(uploaded) + 1,
+        manifest_path(version),
+        metrics,
+        manifest_id=manifest.manifest_id,
+        snapshot=not manifest.is_changelog,
+    )
+
+
+def check_base_intact(b: RocksDBBackend, base: Manifest) -> None:
+    """Raises CheckpointMissingError unless every file a restore of `base` reads is still there:
+    garbage collection that planned before this attempt pinned its base may have removed them, and
+    a version published on a removed base could never be loaded."""
+    current = b.read_manifest(base.version)
+    b.check_base(base.version, current.manifest_id, base.manifest_id)
+    snapshots = {key: f for f in b.remote.list_files(SNAPSHOT_DIR) if (key := snapshot_of(f.path))}
+    # At an infinite `now` every snapshot is settled: the chain back to the nearest one, what a restore reads.
+    needed = b.dependencies(current, snapshots=snapshots, now=math.inf) | {manifest_path(base.version)}
+    for path in sorted(needed):
+        if not b.remote.exists(path):
+            raise CheckpointMissingError(
+                f"version {base.version}, which this commit builds on, lost a file to garbage collection "
+                "while the commit ran (it is older than the versions spark.sql.streaming.minBatchesToRetain keeps)",
+                store=b.ctx.store_dir,
+                version=base.version,
+                file=path,
+                advice="Nothing was published for this attempt. Spark retries the task; if the retry fails the "
+                "same way, the batch being re-run is older than the checkpoint retains: restart the query from "
+                "its newest batch or raise spark.sql.streaming.minBatchesToRetain.",
+            )
+
+
+def local_copy_due(b: RocksDBBackend, version: int, manifest: Manifest) -> bool:
+    """Snapshot commits keep a copy of every version (an older copy cannot be brought forward);
+    changelog commits every `localRecoveryInterval` versions, when the restore from it replays the
+    versions in between."""
+    if not manifest.is_changelog:
+        return True
+    return (version + b.ctx.partition_id) % b.config.local_copy_interval == 0
+
+
+def missing_key_count(b: RocksDBBackend, version: int) -> StoreConfigError:
+    return StoreConfigError(
+        "a rocksdb commit needs the new version's key count from the JVM",
+        store=b.ctx.store_dir,
+        version=version,
+        advice="The JVM shim and the Python package are of different pystatestore releases; install the "
+        "same release for both.",
+    )

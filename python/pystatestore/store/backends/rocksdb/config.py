@@ -1,0 +1,137 @@
+"""The rocksdb backend's settings: its confs (read once per store), its tuning constants, and the
+RocksDB options every local DB and SST writer of the worker uses."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import rocksdict
+
+from ...errors import StoreConfigError
+
+DEFAULT_TRANSFER_THREADS = 4
+DEFAULT_L0_COMPACTION_TRIGGER = 8
+# Table format the JVM's reader understands: Spark 4.1 ships rocksdbjni 9.8.4, older than the
+# RocksDB inside rocksdict (10.x). Format 5 is read by every RocksDB since 6.6.
+TABLE_FORMAT_VERSION = 5
+BLOOM_BITS_PER_KEY = 10  # point lookups in the JVM skip files that cannot hold the key
+METADATA_BLOCK_BYTES = 4096  # index and filter partitions
+# RocksDB's MANIFEST grows by every flush and compaction until it reaches this size, then starts
+# anew with the current state only: kept small so it can be stored inside our manifests.
+MAX_ROCKSDB_MANIFEST_BYTES = 64 << 10
+APPLY_CHUNK_ROWS = 16384
+# The worker serves no reads (the JVM reads views), so its cache only holds what compactions and
+# restores touch: small, shared by every store in the worker.
+WORKER_BLOCK_CACHE_BYTES = 2 << 20
+COMMIT_MODES = ("changelog", "snapshot")
+DEFAULT_COMMIT_MODE = "changelog"
+# Files (and changelog segments) up to this size are stored inside the manifest.
+DEFAULT_INLINE_BYTES = 16 << 10
+# Maintenance snapshots a store whose SSTs add up to at most this much as one segment of its whole
+# state (a compact snapshot) rather than as a RocksDB checkpoint.
+DEFAULT_COMPACT_SNAPSHOT_BYTES = 1 << 20
+# A compact snapshot's segment is stored inside its manifest only up to this size (and the inline
+# threshold): base64 adds a third, and a snapshot is made in the background, where the extra file
+# costs no commit any latency. At 200 partitions a 500-key snapshot is 6.4 KB as a file, 8.5 KB inline.
+COMPACT_SNAPSHOT_INLINE_BYTES = 2 << 10
+# Maintenance also makes a snapshot once the changes since the last one add up to this much.
+DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
+# Changelog commits keep a local recovery copy every this many versions (staggered across
+# partitions so each batch pays for a share of them): a copy costs a commit about as much as its
+# own RocksDB work, while a restore replays at most this many minus one versions' changes, which
+# the manifests usually hold inline.
+DEFAULT_LOCAL_RECOVERY_INTERVAL = 4
+
+_shared_cache_lock = threading.Lock()
+_shared_cache: rocksdict.Cache | None = None
+
+
+@dataclass(frozen=True)
+class RocksDBConfig:
+    """A store's rocksdb confs (spark.sql.streaming.stateStore.pystatestore.*), checked once."""
+
+    mode: str
+    inline_bytes: int
+    changelog_max_bytes: int
+    compact_snapshot_bytes: int
+    threads: int
+    l0_trigger: int
+    local_copy_interval: int
+
+    @classmethod
+    def of(cls, options: Mapping[str, str], *, store: str) -> RocksDBConfig:
+        mode = options.get("commitMode", DEFAULT_COMMIT_MODE)
+        if mode not in COMMIT_MODES:
+            raise StoreConfigError(
+                f"commitMode={mode!r} is not one of {', '.join(COMMIT_MODES)}",
+                store=store,
+                advice="Set spark.sql.streaming.stateStore.pystatestore.commitMode to changelog or snapshot.",
+            )
+
+        def whole(name: str, default: int, minimum: int) -> int:
+            return int_option(options, name, default, minimum=minimum, store=store)
+
+        return cls(
+            mode=mode,
+            inline_bytes=whole("inlineThresholdBytes", DEFAULT_INLINE_BYTES, 0),
+            changelog_max_bytes=whole("changelogMaxBytes", DEFAULT_CHANGELOG_MAX_BYTES, 1),
+            compact_snapshot_bytes=whole("compactSnapshotMaxBytes", DEFAULT_COMPACT_SNAPSHOT_BYTES, 0),
+            threads=whole("transferThreads", DEFAULT_TRANSFER_THREADS, 1),
+            l0_trigger=whole("rocksdb.l0CompactionTrigger", DEFAULT_L0_COMPACTION_TRIGGER, 1),
+            local_copy_interval=whole("localRecoveryInterval", DEFAULT_LOCAL_RECOVERY_INTERVAL, 1),
+        )
+
+
+def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int, store: str) -> int:
+    """The whole-number conf `name` (unset: `default`); a clear error when it is not one of at least `minimum`."""
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise StoreConfigError(
+            f"{name}={raw!r} is not a whole number of at least {minimum}",
+            store=store,
+            advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name}.",
+        )
+    return value
+
+
+def block_cache() -> rocksdict.Cache:
+    """One block cache for every store in the worker, so memory does not grow with partitions."""
+    global _shared_cache
+    with _shared_cache_lock:
+        if _shared_cache is None:
+            _shared_cache = rocksdict.Cache(WORKER_BLOCK_CACHE_BYTES)
+        return _shared_cache
+
+
+def db_options(l0_trigger: int, *, create: bool) -> rocksdict.Options:
+    """The options of a local DB (and of the SST files ingested into it)."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(create)
+    opts.set_level_zero_file_num_compaction_trigger(l0_trigger)
+    opts.set_level_zero_slowdown_writes_trigger(max(20, l0_trigger * 3))
+    opts.set_level_zero_stop_writes_trigger(max(36, l0_trigger * 5))
+    opts.set_compression_type(rocksdict.DBCompressionType.lz4())
+    opts.set_max_manifest_file_size(MAX_ROCKSDB_MANIFEST_BYTES)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(block_cache())
+    table.set_format_version(TABLE_FORMAT_VERSION)
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    table.set_cache_index_and_filter_blocks(True)
+    # Partitioned index and filters (4 KiB blocks under a small pinned top level): a whole-file
+    # filter of a large SST does not fit a block cache shard, and the JVM's bounded cache
+    # thrashed on them (every lookup of a new key re-read a file's filter).
+    table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(METADATA_BLOCK_BYTES)
+    table.set_pin_top_level_index_and_filter(True)
+    opts.set_block_based_table_factory(table)
+    opts.set_write_buffer_size(16 << 20)
+    return opts

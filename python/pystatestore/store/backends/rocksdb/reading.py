@@ -1,0 +1,138 @@
+"""Reading committed versions: a version's state left as a read view for the JVM (DESIGN §2: Python
+writes, the JVM reads), Spark's replay from a chosen snapshot, and the change feed."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ...errors import CheckpointDamagedError, StoreConfigError
+from ...manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, manifest_path, snapshot_of, version_of_manifest
+from ..base import LoadResult, elapsed_ms
+from .replay import replay_chain, segment_batches
+from .restore import Restore, ensure_at, restore_snapshot
+
+if TYPE_CHECKING:
+    from . import RocksDBBackend
+
+
+def load(b: RocksDBBackend, version: int, view_dir: str | None) -> LoadResult:
+    """See RocksDBBackend.load."""
+    target = view_target(b, view_dir, version) if view_dir is not None else None
+    _, cost = ensure_at(b, version)
+    return leave_view(b, target, cost)
+
+
+def leave_view(b: RocksDBBackend, target: Path | None, cost: dict[str, int]) -> LoadResult:
+    """A checkpoint of the local DB at `target` (when given) and what the load cost and came from."""
+    if target is not None:
+        t = time.perf_counter()
+        b.db.checkpoint(target)
+        cost = {**cost, "viewMs": elapsed_ms(t)}
+    if "restoreMs" not in cost:
+        source = "memory"
+    elif cost["restoreRemoteFiles"] == 0 and cost["restoreLocalFiles"] > 0:
+        source = "local-copy"
+    elif cost["restoreLocalFiles"] == cost["restoreRemoteFiles"] == cost.get("restoreInlineSnapshots", 0) == 0:
+        source = "changelog"  # changes replayed onto the local DB, or onto version 0
+    else:
+        source = "remote" if cost["restoreLocalFiles"] == 0 else "local-copy+remote"
+    return LoadResult(
+        None,
+        b.db.num_keys,
+        cost.get("restoreRemoteBytes", 0) + cost.get("restoreInlineBytes", 0),
+        source,
+        cost,
+        manifest_id=b.db.manifest_id or "",
+    )
+
+
+def replay_from_snapshot(
+    b: RocksDBBackend, snapshot_version: int, end_version: int, view_dir: str | None
+) -> LoadResult:
+    """See RocksDBBackend.replay."""
+    target = view_target(b, view_dir, end_version) if view_dir is not None else None
+    started = time.perf_counter()
+    end = b.read_manifest(end_version)
+    chain: list[Manifest] = []
+    base: Manifest | None = None
+    for m in b.chain_back(end):
+        if m.version == snapshot_version:
+            base = m if not m.is_changelog else b.read_snapshot(m.version, m.manifest_id)
+            break
+        chain.append(m)
+    if base is None:
+        have = snapshot_versions(b)
+        raise StoreConfigError(
+            f"there is no snapshot of version {snapshot_version} to replay version {end_version} from "
+            f"(snapshots: {', '.join(map(str, have[-20:])) or 'none'})",
+            store=b.ctx.store_dir,
+            version=snapshot_version,
+            file=manifest_path(snapshot_version),
+            advice="Pick a snapshotStartBatchId whose version (batch id + 1) has a snapshot, or read without it.",
+        )
+    restore = Restore()
+    restore_snapshot(b, base, restore)
+    replay_chain(b, list(reversed(chain)), restore)
+    b.db.set_version(end.version, end)
+    return leave_view(b, target, restore.cost(started))
+
+
+def snapshot_versions(b: RocksDBBackend) -> list[int]:
+    """Versions that have a snapshot (their own manifest, or one maintenance made)."""
+    found = set()
+    for f in b.remote.list_files(MANIFEST_DIR):
+        v = version_of_manifest(f.path)
+        if v is not None:
+            try:
+                if not b.read_manifest(v).is_changelog:
+                    found.add(v)
+            except (CheckpointDamagedError, StoreConfigError, OSError):
+                continue
+    for f in b.remote.list_files(SNAPSHOT_DIR):
+        key = snapshot_of(f.path)
+        if key is not None:
+            found.add(key[0])
+    return sorted(found)
+
+
+def changes(b: RocksDBBackend, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The change feed: each version's changes (op, key, value), start to end inclusive."""
+    for v in range(start_version, end_version + 1):
+        m = b.read_manifest(v)
+        if not m.is_changelog:
+            raise StoreConfigError(
+                f"version {v} was committed as a snapshot, which records no changes",
+                store=b.ctx.store_dir,
+                version=v,
+                file=manifest_path(v),
+                advice="The change feed needs changelog commits: read from a batch committed with "
+                "spark.sql.streaming.stateStore.pystatestore.commitMode=changelog (the default).",
+            )
+        yield from ((v, batch) for batch in segment_batches(b, m))
+
+
+def view_target(b: RocksDBBackend, view_dir: str | None, version: int) -> Path:
+    """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
+    worker writes nowhere else on the JVM's behalf."""
+    if not view_dir or not b.ctx.views_dir:
+        raise StoreConfigError(
+            "the rocksdb backend is read through views, but no view directory was given",
+            store=b.ctx.store_dir,
+            version=version,
+            advice="The JVM shim and the Python package are of different pystatestore releases; install the "
+            "same release for both.",
+        )
+    target = Path(os.path.abspath(view_dir))
+    if target.parent != Path(os.path.abspath(b.ctx.views_dir)) or os.path.lexists(target):
+        raise StoreConfigError(
+            f"view directory {view_dir} is not a new directory inside {b.ctx.views_dir}",
+            store=b.ctx.store_dir,
+            version=version,
+        )
+    return target

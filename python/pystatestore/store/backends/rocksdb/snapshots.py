@@ -1,0 +1,287 @@
+"""Snapshots: the manifest of a RocksDB checkpoint (a snapshot commit, or maintenance materializing a
+changelog version: Flink's RocksIncrementalSnapshotStrategy), a small store's compact snapshot (its
+whole state as one segment), and when one is due."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import rocksdict
+
+from ... import changelog, frames
+from ...errors import CheckpointDamagedError, CheckpointMissingError
+from ...manifest import (
+    KIND_SNAPSHOT,
+    MANIFEST_DIR,
+    ChangesRef,
+    FileRef,
+    Manifest,
+    snapshot_path,
+    version_of_manifest,
+)
+from ...transfer import upload_all, upload_file
+from ..base import elapsed_ms
+from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
+
+if TYPE_CHECKING:
+    from . import RocksDBBackend
+
+log = logging.getLogger("pystatestore.rocksdb")
+
+
+@dataclass
+class Materialization:
+    """A snapshot of the newest changelog version being made by maintenance: prepared under the
+    store's lock (a checkpoint: hard links), uploaded without it, so commits do not wait."""
+
+    manifest: Manifest  # the changelog manifest being materialized
+    checkpoint_dir: Path
+    reuse_from: Manifest | None  # the snapshot whose files the local DB still holds
+    db_dir: Path  # the local DB it came from: it becomes that DB's ancestor only if unchanged
+    snapshot: Manifest | None = None
+    metrics: dict[str, int] = field(default_factory=dict)
+
+
+def reusable_for(b: RocksDBBackend, base: Manifest | None) -> Manifest | None:
+    """The snapshot whose files a new snapshot on `base` may reuse: the local DB's ancestor, if it
+    is the snapshot `base`'s chain starts from (garbage collection keeps that one)."""
+    ancestor = b.db.ancestor
+    if base is None or ancestor is None:
+        return None
+    for m in b.chain_back(base):
+        if not m.is_changelog:
+            resolved = m
+        else:
+            resolved = b.read_snapshot(m.version, m.manifest_id)
+            if resolved is None:
+                continue
+        same = resolved.version == ancestor.version and resolved.manifest_id == ancestor.manifest_id
+        return ancestor if same else None
+    return None
+
+
+def snapshot_of_checkpoint(
+    b: RocksDBBackend,
+    checkpoint_dir: Path,
+    version: int,
+    num_keys: int,
+    attempt_id: str,
+    token: str,
+    reuse_from: Manifest | None,
+    like: Manifest | None = None,
+) -> tuple[Manifest, list[FileRef]]:
+    """A snapshot manifest of the checkpoint: SSTs and other files `reuse_from` holds with the same
+    size (SSTs, by name) or content (others, e.g. OPTIONS) are reused; other small files are stored
+    inside the manifest; the rest is uploaded under this attempt's token. `like` gives the identity
+    (manifest id, attempt) of the changelog version being materialized."""
+    shared: dict[str, FileRef] = {}
+    private: dict[str, FileRef] = {}
+    to_upload: list[tuple[str, str]] = []
+    reusable = {**reuse_from.shared, **reuse_from.private} if reuse_from else {}
+    by_content = {(r.size, r.checksum): r for n, r in reusable.items() if not n.endswith(".sst") and not r.inline}
+    private_dir = f"private/{version}-{token}"
+    for name in sorted(os.listdir(checkpoint_dir)):
+        path = checkpoint_dir / name
+        size = path.stat().st_size
+        if name.endswith(".sst"):
+            previous = reusable.get(name)
+            if previous is not None and previous.size == size and not previous.inline:
+                shared[name] = previous
+            else:
+                to_upload.append((name, f"shared/{token}-{name}"))
+            continue
+        if name.startswith("OPTIONS"):
+            # The same every version: stored once, shared, and reused by content.
+            same = by_content.get((size, FileRef.inline_of(path.read_bytes()).checksum))
+            if same is not None:
+                shared[name] = same
+            else:
+                to_upload.append((name, f"shared/{token}-{name}"))
+        elif size <= b.config.inline_bytes:
+            private[name] = FileRef.inline_of(path.read_bytes())
+        else:
+            to_upload.append((name, f"{private_dir}/{name}"))
+    if reuse_from is not None and reuse_from.version != version - 1:
+        # An older snapshot than the base: garbage collection keeps it only a grace period after a
+        # newer one appears, so make sure its files are still there before relying on them.
+        gone = sorted(r.path for n, r in shared.items() if n in reusable and not b.remote.exists(r.path))
+        if gone:
+            log.warning(
+                "store %s: files of snapshot %d are gone (%s); version %d uploads its own",
+                b.ctx.store_dir,
+                reuse_from.version,
+                ", ".join(gone[:3]),
+                version,
+            )
+            b.db.ancestor = None
+            return snapshot_of_checkpoint(b, checkpoint_dir, version, num_keys, attempt_id, token, None, like)
+    uploaded = upload_all(
+        b.remote, [(checkpoint_dir / name, rel) for name, rel in to_upload], b.config.threads, hook=b._fault_point
+    )
+    for (name, _), ref in zip(to_upload, uploaded, strict=True):
+        (shared if ref.path.startswith("shared/") else private)[name] = ref
+    manifest = b.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
+    if like is not None:
+        manifest = replace(manifest, manifest_id=like.manifest_id, attempt_id=like.attempt_id, kind=KIND_SNAPSHOT)
+    return manifest, uploaded
+
+
+def compact_snapshot_of(
+    b: RocksDBBackend, checkpoint_dir: Path, m: Manifest, token: str
+) -> tuple[Manifest, list[FileRef]]:
+    """A snapshot of a small store as one segment of its whole state (every pair, as puts), stored
+    inline or under changelog/: a few bytes a row, where a RocksDB checkpoint costs its SSTs' index
+    and filter blocks and an OPTIONS file besides."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(False)
+    db = rocksdict.Rdict(str(checkpoint_dir), opts, access_type=rocksdict.AccessType.read_only())
+    segment = b.db.work_dir / f"state-{m.version}-{uuid.uuid4().hex[:8]}"
+    try:
+        rows = changelog.write_segment(segment, _state_batches(db))
+        inline_limit = min(b.config.inline_bytes, COMPACT_SNAPSHOT_INLINE_BYTES)
+        changes, uploaded = store_changes(b, segment, rows, m.version, token, inline_limit)
+    finally:
+        db.close()
+        segment.unlink(missing_ok=True)
+    snapshot = replace(
+        b.new_manifest(m.version, m.num_keys, m.attempt_id),
+        manifest_id=m.manifest_id,
+        kind=KIND_SNAPSHOT,
+        changes=changes,
+    )
+    return snapshot, uploaded
+
+
+def store_changes(
+    b: RocksDBBackend, segment: Path, rows: int, version: int, token: str, inline_limit: int
+) -> tuple[ChangesRef, list[FileRef]]:
+    """A segment (a version's changes, or a compact snapshot's state) inside the manifest when at most
+    `inline_limit` bytes, else uploaded under changelog/."""
+    size = segment.stat().st_size
+    if size <= inline_limit:
+        return ChangesRef(rows, FileRef.inline_of(segment.read_bytes())), []
+    ref = upload_file(b.remote, segment, f"changelog/{version}-{token}.changes", hook=b._fault_point)
+    b._fault_point("upload:file")
+    return ChangesRef(rows, ref), [ref]
+
+
+def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materialization | None:
+    """Under the store's lock: if the newest version is a changelog version the local DB holds and
+    the chain since the last snapshot is long (minDeltasForSnapshot) or large, or it has no snapshot
+    and `force` asks for one, a checkpoint of it (hard links) to make its snapshot from. Nothing is
+    uploaded here. A chain that cannot be walked (an ancestor was replaced after the version was
+    committed on it) gets no snapshot: Spark commits such a version again before it reads it, so
+    periodic maintenance skips it and goes on collecting garbage; a `force`d snapshot says why it
+    cannot be made."""
+    db = b.db
+    if b.config.mode != "changelog" or db.db is None or not db.version or db.dir is None:
+        return None
+    newest = max((v for f in b.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
+    if newest != db.version:
+        return None
+    m = b.read_manifest(newest)
+    if not m.is_changelog or not db.holds(m):
+        return None
+    deltas, size = 0, 0
+    try:
+        for c in b.chain_back(m):
+            if not c.is_changelog or b.remote.exists(snapshot_path(c.version, c.manifest_id)):
+                break
+            deltas += 1
+            size += c.changes.ref.size if c.changes else 0
+        db.snapshot_at = m.version - deltas
+        due = deltas >= b.ctx.min_deltas_for_snapshot or size >= b.config.changelog_max_bytes
+        if not (due or (force and deltas > 0)):
+            return None
+        reuse_from = reusable_for(b, m)
+    except (CheckpointDamagedError, CheckpointMissingError) as e:
+        if force:
+            raise
+        log.warning(
+            "store %s: no snapshot of version %d: %s (file %s); loading it fails the same way until Spark "
+            "commits it again",
+            b.ctx.store_dir,
+            m.version,
+            e.problem,
+            e.file,
+        )
+        return None
+    checkpoint_dir = db.work_dir / f"materialize-{m.version}-{uuid.uuid4().hex[:8]}"
+    db.checkpoint(checkpoint_dir)
+    return Materialization(m, checkpoint_dir, reuse_from, db.dir)
+
+
+def finish_materialization(b: RocksDBBackend, job: Materialization) -> None:
+    """Without the store's lock: uploads the snapshot and publishes snapshots/<v>-<id>.json."""
+    t = time.perf_counter()
+    try:
+        m = job.manifest
+        sst_bytes = sum(p.stat().st_size for p in job.checkpoint_dir.glob("*.sst"))
+        with b.commit_attempt(m.version) as lease:
+            if sst_bytes <= b.config.compact_snapshot_bytes:
+                snapshot, uploaded = compact_snapshot_of(b, job.checkpoint_dir, m, lease.token)
+            else:
+                snapshot, uploaded = snapshot_of_checkpoint(
+                    b, job.checkpoint_dir, m.version, m.num_keys, m.attempt_id, lease.token, job.reuse_from, like=m
+                )
+            b._fault_point("materialize:uploaded")
+            lease.check_before_publish()
+            b.remote.publish(snapshot_path(m.version, m.manifest_id), snapshot.to_json())
+        b._fault_point("materialize:published")
+        job.snapshot = snapshot
+        job.metrics = {
+            "materializedVersion": m.version,
+            "materializeFilesUploaded": len(uploaded),
+            "materializeBytesUploaded": sum(r.size for r in uploaded),
+            "materializeMs": elapsed_ms(t),
+        }
+    finally:
+        shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+
+
+def complete_materialization(b: RocksDBBackend, job: Materialization) -> None:
+    """Under the store's lock again: the new snapshot becomes the local DB's ancestor if the DB is
+    the one it was made from (its files are still there under the same names)."""
+    if job.snapshot is not None and b.db.dir == job.db_dir:
+        b.db.ancestor = job.snapshot
+        b.db.snapshot_at = max(b.db.snapshot_at or 0, job.snapshot.version)
+
+
+def snapshot_due(b: RocksDBBackend) -> bool:
+    """Whether the local DB's version (just committed) ends a chain of minDeltasForSnapshot changelog
+    versions since the last snapshot, or of a length not known here (after a restore from a
+    changelog version's local copy): then maintenance should look now."""
+    db = b.db
+    if b.config.mode != "changelog" or not db.version:
+        return False
+    return db.snapshot_at is None or db.version - db.snapshot_at >= b.ctx.min_deltas_for_snapshot
+
+
+def _state_batches(db: rocksdict.Rdict) -> Iterator[pa.RecordBatch]:
+    """Every pair of `db` in key order, as put rows of a change frame."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+
+    def batch() -> pa.RecordBatch:
+        ops = pa.array([frames.OP_PUT] * len(keys), pa.int8())
+        return pa.record_batch(
+            [ops, pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=frames.CHANGES_SCHEMA
+        )
+
+    for key, value in db.items():
+        keys.append(key)
+        values.append(value)
+        if len(keys) == APPLY_CHUNK_ROWS:
+            yield batch()
+            keys, values = [], []
+    if keys:
+        yield batch()
