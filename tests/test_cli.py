@@ -28,17 +28,12 @@ from pyspark.sql import functions as F
 
 from pystatestore.tools.checkpoint import StoreReader, open_checkpoint
 from pystatestore.tools.cli import _json_value, main
-from pystatestore.tools.inspection import (
-    disk_usage,
-    gc_dry_run,
-    python_rows,
-    read_state,
-    unique_names,
-    verify_checkpoint,
-)
+from pystatestore.tools.inspection import disk_usage
 from pystatestore.tools.key_lookup import num_partitions
 from pystatestore.tools.spark_hash import hash_value, partition_of
+from pystatestore.tools.state_rows import python_rows, read_state, unique_names
 from pystatestore.tools.unsafe_row import StateRowDecoder, encode_row, parse_schema
+from pystatestore.tools.verification import gc_dry_run, verify_checkpoint
 from s3_support import local_s3
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
 from test_e2e import dedup, pandas_sessions

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidPathError
+from .local_files import file_checksum, link_or_copy_tree, make_private_dir
 from .manifest import FileRef
 from .remote import local_file_in
 
@@ -66,63 +67,8 @@ class SaveResult:
     bytes_copied: int = 0  # bytes that could not be hard-linked (another filesystem) and were copied
 
 
-def link_or_copy_tree(src: Path, dst: Path) -> int:
-    """Recreates the files of `src` in the new directory `dst` as hard links; files that cannot be
-    linked (another filesystem) are copied. Returns the bytes copied."""
-    os.mkdir(dst, 0o700)
-    copied = 0
-    for entry in os.scandir(src):
-        if not entry.is_file(follow_symlinks=False):
-            continue
-        target = dst / entry.name
-        try:
-            os.link(entry.path, target)
-        except OSError:
-            shutil.copy2(entry.path, target)
-            copied += entry.stat(follow_symlinks=False).st_size
-    return copied
-
-
-class UnsafeDirectoryError(OSError):
-    """A local-recovery directory that another user could tamper with."""
-
-
-def make_private_dir(path: Path, *, create: bool = True) -> None:
-    """Creates `path` (and missing parents) owner-only, or checks that an existing one is a real
-    directory owned by this user, tightening its mode if it is ours. Raises UnsafeDirectoryError
-    when it is a symbolic link or belongs to someone else (FileNotFoundError when it is missing and
-    `create` is false)."""
-    if create:
-        missing = []
-        p = path
-        while not os.path.lexists(p):
-            missing.append(p)
-            p = p.parent
-        for d in reversed(missing):
-            try:
-                os.mkdir(d, 0o700)
-            except FileExistsError:
-                pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectoryError(f"{path} is not a plain directory (a symbolic link or a file)")
-    if st.st_uid != os.getuid():
-        raise UnsafeDirectoryError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-
-
 def store_key(store_dir: str) -> str:
     return hashlib.sha256(store_dir.encode()).hexdigest()[:24]
-
-
-def file_checksum(path: Path) -> tuple[int, str]:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, f"crc32:{crc & 0xFFFFFFFF:08x}"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@
 
 click parses the command line and rich draws tables and progress bars (plain text when the output
 is not a terminal, and no colours then or under NO_COLOR); `--json` prints machine-readable output.
-Everything shown comes from inspection.py, which scripts can call directly.
+Everything shown comes from inspection.py, verification.py and state_rows.py, which scripts can
+call directly.
 """
 
 from __future__ import annotations
@@ -41,17 +42,9 @@ from ..release import __version__
 from ..store.errors import StateStoreError
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from .checkpoint import SparkCheckpoint, open_checkpoint
-from .inspection import (
-    KINDS,
-    disk_usage,
-    gc_dry_run,
-    inspect_checkpoint,
-    python_rows,
-    read_state,
-    tree_as_json,
-    unique_names,
-    verify_checkpoint,
-)
+from .inspection import KINDS, disk_usage, inspect_checkpoint, tree_as_json
+from .state_rows import python_rows, read_state, unique_names
+from .verification import gc_dry_run, verify_checkpoint
 
 # Lines are never broken inside a message (a path must stay one word); off a terminal, tables get
 # room for their columns rather than rich's default 80.

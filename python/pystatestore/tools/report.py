@@ -16,7 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from .checkpoint import SparkCheckpoint
-from .inspection import Progress, StoreVersion, VerifyReport, checkpoint_history, verify_checkpoint
+from .inspection import Progress, StoreVersion, checkpoint_history
+from .verification import VerifyReport, verify_checkpoint
 
 MIB = 1024 * 1024
 STEP_LABELS = {

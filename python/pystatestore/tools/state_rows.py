@@ -1,0 +1,192 @@
+"""A checkpoint's state rows, decoded: `pystatestore read` (every row of a store's version, or the
+rows of given keys, looked up in the one partition Spark would route them to). Nothing here writes
+into a checkpoint."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ..store.errors import StateStoreError
+from ..store.manifest import manifest_path
+from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
+from .inspection import Progress, _no_progress
+from .key_lookup import KeyValueError, lookup_error, plan_lookup
+from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder, unique_names
+
+
+def read_state(
+    ckpt: SparkCheckpoint,
+    *,
+    operator: int = 0,
+    store_name: str = "default",
+    batch: int | None = None,
+    partitions: Iterable[int] | None = None,
+    keys: list[dict[str, Any]] | None = None,
+    progress: Progress = _no_progress,
+    notice: Callable[[str], None] = lambda message: None,
+) -> pa.Table:
+    """The state rows of `batch` (default: the last committed) of an operator's store, decoded:
+    columns key, value (structs of the store's schemas) and partition_id, as
+    `spark.read.format("statestore")` shows them. `keys`: only rows whose key has these fields; a
+    key naming every key column is looked up in the one partition Spark sends it to (`notice`
+    says whether keys were looked up or scanned for, and why)."""
+    version = ckpt.version_of_batch(batch)
+    wanted = set(partitions) if partitions is not None else None
+    of_store = [s for s in ckpt.stores_of(operator) if s.store_name == store_name]
+    locations = [s for s in of_store if wanted is None or s.partition_id in wanted]
+    if not locations:
+        names = sorted({(s.operator_id, s.store_name) for s in ckpt.stores})
+        raise StateStoreError(
+            f"the checkpoint has no store '{store_name}' of operator {operator}",
+            store=ckpt.uri,
+            advice=f"Its stores (operator, name): {names}. Pass --operator and --store-name.",
+        )
+    if keys is not None:
+        with StoreReader(locations[0]) as first:
+            decoder = _decoder(first, locations[0], version)
+        try:
+            plan = plan_lookup(ckpt, of_store, decoder.key_schema, decoder.key_encoding, keys)
+        except KeyValueError as e:
+            raise lookup_error(e, ckpt.uri) from None
+        if plan.is_lookup:
+            locations = [s for s in locations if s.partition_id in plan.by_partition]
+            if not locations:  # the keys' partitions are not among those asked for
+                return decoder.arrow_schema().empty_table()
+            notice(
+                f"looked up {len(keys)} key(s) in {len(locations)} of {len(of_store)} partitions "
+                "(the ones Spark's hash partitioning sends them to)"
+            )
+            return _read_stores(
+                locations, version, progress, lambda reader, loc: _looked_up(reader, version, plan.by_partition[loc])
+            )
+        notice(f"scanning every partition for the key: {plan.scan_reason}")
+    return _read_stores(locations, version, progress, lambda reader, loc: reader.pairs(version), keys)
+
+
+def _looked_up(reader: StoreReader, version: int, stored_keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    for k, v in zip(stored_keys, reader.get(version, stored_keys), strict=True):
+        if v is not None:
+            yield k, v
+
+
+def _read_stores(
+    locations: list[StoreLocation],
+    version: int,
+    progress: Progress,
+    pairs_of: Callable[[StoreReader, int], Iterable[tuple[bytes, bytes]]],
+    keys: list[dict[str, Any]] | None = None,
+) -> pa.Table:
+    """The decoded rows `pairs_of(reader, partition)` yields from each store, as one table."""
+    tables = []
+    for i, loc in enumerate(locations):
+        progress("reading state", i, len(locations))
+        with StoreReader(loc, progress=progress) as reader:
+            decoder = _decoder(reader, loc, version)
+            schema = decoder.arrow_schema()
+            rows_k, rows_v = [], []
+            names = unique_names(decoder.key_names)
+            for k, v in pairs_of(reader, loc.partition_id):
+                try:
+                    key = decoder.key(k)
+                    if keys is not None and not _matches(dict(zip(names, key, strict=True)), keys):
+                        continue
+                    value = decoder.value(v)
+                except (RowDecodeError, struct.error) as e:
+                    raise StateStoreError(
+                        f"a state row does not decode with the schemas the manifests record ({e}; key {k[:32].hex()})",
+                        store=loc.uri,
+                        version=version,
+                        file=manifest_path(version),
+                        advice="The state was written with other schemas than the manifests say; nothing was changed. "
+                        'Read it with spark.read.format("statestore").',
+                    ) from None
+                rows_k.append(key)
+                rows_v.append(value)
+            tables.append(
+                pa.table(
+                    {
+                        "key": pa.array(rows_k, schema.field("key").type),
+                        "value": pa.array(rows_v, schema.field("value").type),
+                        "partition_id": pa.array([loc.partition_id] * len(rows_k), pa.int32()),
+                    },
+                    schema=schema,
+                )
+            )
+    progress("reading state", len(locations), len(locations))
+    return pa.concat_tables(tables)
+
+
+def _decoder(reader: StoreReader, loc: StoreLocation, version: int) -> StateRowDecoder:
+    try:
+        return StateRowDecoder(*reader.schemas(version))
+    except SchemaError as e:
+        raise StateStoreError(
+            f"the state cannot be decoded without Spark: {e}",
+            store=loc.uri,
+            version=version,
+            file=manifest_path(version),
+            advice='Read it with spark.read.format("statestore"). Nothing was changed.',
+        ) from None
+
+
+def _matches(key: dict[str, Any], wanted: list[dict[str, Any]]) -> bool:
+    """Whether `key` has the fields of one of `wanted` (values as JSON gives them: dates and
+    timestamps as ISO text)."""
+    return any(all(f in key and _same(key[f], x) for f, x in want.items()) for want in wanted)
+
+
+def _same(value: Any, given: Any) -> bool:
+    if isinstance(value, (dt.date, dt.datetime)) and isinstance(given, str):
+        try:
+            parsed = type(value).fromisoformat(given)
+        except ValueError:
+            return False
+        if isinstance(parsed, dt.datetime) and parsed.tzinfo is None and isinstance(value, dt.datetime):
+            parsed = parsed.replace(tzinfo=value.tzinfo)
+        return bool(parsed == value)
+    if isinstance(value, decimal.Decimal) and isinstance(given, (int, float, str)):
+        return value == decimal.Decimal(str(given))
+    return bool(value == given)
+
+
+def python_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The table's rows as Python values, structs as dicts whose repeated field names get a
+    suffix (`sum`, `sum#2`): Arrow's own to_pylist keeps only one of them."""
+    columns = {
+        name: _python_values(col.combine_chunks()) for name, col in zip(table.schema.names, table.columns, strict=True)
+    }
+    return [{name: values[i] for name, values in columns.items()} for i in range(table.num_rows)]
+
+
+def _python_values(arr: pa.Array) -> list[Any]:
+    t = arr.type
+    if pa.types.is_struct(t):
+        names = unique_names([f.name for f in t])
+        children = [_python_values(arr.field(i)) for i in range(t.num_fields)]
+        return [
+            dict(zip(names, (c[j] for c in children), strict=True)) if arr[j].is_valid else None
+            for j in range(len(arr))
+        ]
+    if pa.types.is_list(t):
+        flat = _python_values(arr.flatten())
+        offsets = arr.offsets.to_pylist()
+        return [flat[offsets[j] : offsets[j + 1]] if arr[j].is_valid else None for j in range(len(arr))]
+    if pa.types.is_map(t):
+        keys, items = _python_values(arr.keys), _python_values(arr.items)
+        offsets = arr.offsets.to_pylist()
+        return [
+            list(zip(keys[offsets[j] : offsets[j + 1]], items[offsets[j] : offsets[j + 1]], strict=True))
+            if arr[j].is_valid
+            else None
+            for j in range(len(arr))
+        ]
+    return arr.to_pylist()
+
+
+__all__ = ["python_rows", "read_state", "unique_names"]

@@ -1,0 +1,254 @@
+"""A checkpoint's health and garbage, as plain data: `pystatestore verify` (every retained version
+restorable, every file it needs present and intact) and `pystatestore gc --dry-run` (what garbage
+collection would delete, and why). Nothing here writes into a checkpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store.errors import StateStoreError
+from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
+from ..store.remote import RemoteFile, join_uri
+from ..store.retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
+from .checkpoint import SparkCheckpoint, StoreReader
+from .inspection import KINDS, Progress, _no_progress
+
+
+# -- verify ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    store: str
+    version: int | None
+    file: str | None
+    problem: str
+    advice: str
+
+    def __str__(self) -> str:
+        where = [self.store]
+        if self.version is not None:
+            where.append(f"version {self.version}")
+        if self.file:
+            where.append(self.file)
+        return f"{': '.join([', '.join(where), self.problem])}. {self.advice}"
+
+
+@dataclass
+class VerifyReport:
+    stores: int = 0
+    manifests: int = 0
+    files: int = 0
+    bytes_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    unreferenced: list[str] = field(default_factory=list)  # store-dir/relative path
+    young_unreferenced: list[str] = field(default_factory=list)  # may be commits in flight
+
+    @property
+    def restorable(self) -> bool:
+        return not self.problems
+
+
+def _problem_of(e: StateStoreError) -> Problem:
+    return Problem(e.store, e.version, e.file, e.problem, e.advice)
+
+
+def verify_checkpoint(
+    ckpt: SparkCheckpoint,
+    *,
+    deep: bool = False,
+    grace_seconds: float = 600.0,
+    progress: Progress = _no_progress,
+) -> VerifyReport:
+    """Every retained manifest parses, validates and belongs to its store; every file it and its
+    chain need exists with its size (and, `deep`, its checksum); the last committed batch's
+    version exists in every store. Files no retained version references are listed (those younger
+    than `grace_seconds` apart: they may belong to a commit in flight)."""
+    report = VerifyReport()
+    now = time.time()
+    last = ckpt.last_committed_batch
+    for i, loc in enumerate(ckpt.stores):
+        progress("verifying stores", i, len(ckpt.stores))
+        report.stores += 1
+        if loc.foreign:
+            report.problems.append(
+                Problem(loc.uri, None, None, f"the store holds files of {loc.foreign}", "pystatestore cannot check it.")
+            )
+            continue
+        try:
+            reader = StoreReader(loc)
+        except StateStoreError as e:
+            report.problems.append(_problem_of(e))
+            continue
+        with reader:
+            _verify_store(reader, report, deep=deep, now=now, grace=grace_seconds, last_batch=last, progress=progress)
+    progress("verifying stores", len(ckpt.stores), len(ckpt.stores))
+    return report
+
+
+def _verify_store(
+    reader: StoreReader,
+    report: VerifyReport,
+    *,
+    deep: bool,
+    now: float,
+    grace: float,
+    last_batch: int | None,
+    progress: Progress,
+) -> None:
+    remote = reader.remote
+    listed = {f.path: f for d in DATA_DIRS for f in remote.list_files(d.rstrip("/"))}
+    referenced: set[str] = set()
+    if last_batch is not None and last_batch + 1 not in reader.versions:
+        report.problems.append(
+            Problem(
+                remote.uri,
+                last_batch + 1,
+                manifest_path(last_batch + 1),
+                f"the last committed batch ({last_batch}) needs this version, which has no manifest",
+                "A restart fails here. Restore the store directory from a backup, or start from a new checkpoint "
+                "location.",
+            )
+        )
+    snapshots = {
+        key: f for f in listed.values() if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
+    }
+    checked: set[str] = set()  # versions share most files: each is checked once
+    cache: dict[int, Manifest] = {}
+    for v in reader.versions:
+        report.manifests += 1
+        try:
+            m = cache.get(v) or reader.manifest(v)
+            cache[v] = m
+            needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
+        except StateStoreError as e:
+            report.problems.append(_problem_of(e))
+            continue
+        refs = {r.path: r for c in reader.backend.chain_back(m, cache) for r in c.files()}
+        snap = snapshots.get((m.version, m.manifest_id)) if m.is_changelog else None
+        if snap is not None:
+            try:
+                made = reader.backend.read_snapshot(m.version, m.manifest_id)
+            except StateStoreError as e:
+                report.problems.append(_problem_of(e))
+                made = None
+            if made is not None:
+                refs.update({r.path: r for r in made.files()})
+        referenced |= needed | set(refs)
+        for path, ref in sorted(refs.items()):
+            if path in checked:
+                continue
+            report.files += 1
+            found = listed.get(path)
+            if found is None:
+                report.problems.append(
+                    Problem(
+                        remote.uri,
+                        v,
+                        path,
+                        "a file this version needs is missing",
+                        "Restoring this version fails. Restore the file from a backup, or restart from an earlier "
+                        "retained batch or a new checkpoint location.",
+                    )
+                )
+            elif found.size != ref.size:
+                report.problems.append(
+                    Problem(
+                        remote.uri,
+                        v,
+                        path,
+                        f"the file has {found.size} bytes; the manifest says {ref.size} (truncated or replaced)",
+                        "Restoring this version fails. Restore the file from a backup.",
+                    )
+                )
+            elif deep:
+                progress(f"checksums of {reader.location.label}", 0, 0)
+                data = remote.read_bytes(path, version=v)
+                report.bytes_checked += data.size
+                if checksum(data) != ref.checksum:
+                    report.problems.append(
+                        Problem(
+                            remote.uri,
+                            v,
+                            path,
+                            f"the file's checksum is {checksum(data)}; the manifest says {ref.checksum} (damaged)",
+                            "Restoring this version fails. Restore the file from a backup.",
+                        )
+                    )
+            checked.add(path)
+    for path, f in sorted(listed.items()):
+        if path in referenced:
+            continue
+        target = report.young_unreferenced if f.mtime is None or now - f.mtime <= grace else report.unreferenced
+        target.append(join_uri(remote.uri, path))
+
+
+# -- gc --dry-run ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Deletion:
+    store: str
+    path: str
+    size: int
+    reason: str
+
+
+def gc_dry_run(
+    ckpt: SparkCheckpoint,
+    *,
+    min_batches_to_retain: int = 100,
+    grace_seconds: float = 600.0,
+    now: float | None = None,
+    progress: Progress = _no_progress,
+) -> list[Deletion]:
+    """What the next maintenance run would delete from each store, and why; nothing is deleted.
+    `min_batches_to_retain` and `grace_seconds` are the query's spark.sql.streaming.minBatchesToRetain
+    and orphanGraceSeconds."""
+    now = time.time() if now is None else now
+    out: list[Deletion] = []
+    for i, loc in enumerate(ckpt.stores):
+        progress("planning garbage collection", i, len(ckpt.stores))
+        if loc.foreign:
+            continue
+        with StoreReader(loc, retain=min_batches_to_retain, grace_seconds=grace_seconds) as reader:
+            backend = reader.backend
+            plan = backend.plan_maintenance(now)
+            listing = {f.path: f for kind in KINDS for f in backend.remote.list_files(kind)}
+            out += _explain(loc.uri, plan, listing, backend, now)
+    progress("planning garbage collection", len(ckpt.stores), len(ckpt.stores))
+    return out
+
+
+def _explain(
+    store: str, plan: RetentionPlan, listing: dict[str, RemoteFile], backend: Any, now: float
+) -> list[Deletion]:
+    manifests = [f for p, f in listing.items() if p.startswith(MANIFEST_DIR + "/")]
+    data = [f for p, f in listing.items() if p.startswith(DATA_DIRS)]
+    needs = backend.needs_by_version(manifests, data, now=now)
+    users: dict[str, list[int]] = {}
+    for v, refs in needs.items():
+        for p in refs or ():
+            users.setdefault(p, []).append(v)
+    low = plan.lowest_retained
+    out = []
+    for p in plan.delete_manifests:
+        out.append(
+            Deletion(store, p, listing[p].size if p in listing else 0, f"version below the lowest retained ({low})")
+        )
+    for p in plan.delete_files:
+        f = listing.get(p)
+        size = f.size if f else 0
+        age = f"{now - f.mtime:.0f} s old" if f and f.mtime is not None else "age unknown"
+        if p.startswith("leases/"):
+            reason = f"an expired commit lease ({age})"
+        elif p.startswith(MANIFEST_DIR + "/"):
+            rv = version_of_replaced_manifest(p)
+            reason = f"a set-aside manifest of version {rv}, replaced" if rv is not None else f"a temporary ({age})"
+        elif p in users:
+            reason = f"only versions below the lowest retained ({low}) use it (last: {max(users[p])})"
+        else:
+            reason = f"no manifest references it and it is older than the grace ({age})"
+        out.append(Deletion(store, p, size, reason))
+    return out
+
+
+__all__ = ["Deletion", "Problem", "VerifyReport", "gc_dry_run", "verify_checkpoint"]
