@@ -105,20 +105,8 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    if (useColumnFamilies) {
-      throw SparkInternals.multipleColumnFamiliesNotSupported(
-        s"$ProviderName (store $stateStoreId; column families come in a later pystatestore release)")
-    }
-    if (useMultipleValuesPerKey) {
-      throw SparkInternals.unsupportedOperation("multiple values per key",
-        s"$ProviderName does not support multiple values per key yet (store $stateStoreId)")
-    }
-    prefixSpec = keyStateEncoderSpec match {
-      case PrefixKeyScanStateEncoderSpec(_, n) => Some(new PrefixKeySpec(keySchema, n))
-      case NoPrefixKeyStateEncoderSpec(_) => None
-      case other => throw SparkInternals.unsupportedOperation("key encoder",
-        s"$ProviderName does not support ${other.getClass.getSimpleName} yet (store $stateStoreId)")
-    }
+    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey)
+    prefixSpec = StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
     versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     usesViews = storeConfs.sqlConfs.getOrElse(WorkerLaunchSpec.ConfPrefix + "backend", "rocksdb") != "memory"
@@ -185,12 +173,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
 
   /** The write store for `version` (Spark's getStore, whatever its signature in this minor). */
   protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore = {
-    rejectCheckpointIds(stateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(stateStoreCkptId, this)
     new PythonStateStore(this, loadForTask(version), null, forceSnapshot)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
-    rejectCheckpointIds(uniqueId)
+    StoreChecks.rejectCheckpointIds(uniqueId, this)
     new PythonReadStateStore(this, loadForTask(version))
   }
 
@@ -201,7 +189,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       uniqueId: Option[String],
       forceSnapshot: Boolean): StateStore = readStore match {
     case r: PythonReadStateStoreCore if r.version == version && r.id == stateStoreId =>
-      rejectCheckpointIds(uniqueId)
+      StoreChecks.rejectCheckpointIds(uniqueId, this)
       r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base, r.handOverReadMarks(), forceSnapshot)
     case _ => openWriteStore(version, uniqueId, forceSnapshot)
@@ -211,10 +199,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    * Spark 4.2's `loadEmpty` (an empty store at a version, for offline repartitioning) is refused:
    * the repartitioning that asks for it reads state only through Spark's RocksDB provider.
    */
-  protected def refuseLoadEmpty(version: Long): Nothing =
-    throw SparkInternals.unsupportedOperation("loadEmpty",
-      s"$ProviderName does not open an empty store at version $version ($describeStore): offline state " +
-        "repartitioning (spark.streamingCheckpointManager.repartition) needs Spark's RocksDB state store provider")
+  protected def refuseLoadEmpty(version: Long): Nothing = throw StoreChecks.noLoadEmpty(version, this)
 
   /**
    * `endVersion` rebuilt from the snapshot of `snapshotVersion` and the changes after it, skipping
@@ -227,13 +212,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String],
       endVersionStateStoreCkptId: Option[String]): StateStore = {
-    rejectCheckpointIds(snapshotVersionStateStoreCkptId)
-    rejectCheckpointIds(endVersionStateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(snapshotVersionStateStoreCkptId, this)
+    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     try {
-      if (snapshotVersion < 1 || endVersion < snapshotVersion) {
-        throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of $describeStore from " +
-          s"snapshot version $snapshotVersion: the snapshot must be version 1 or later and not after the end")
-      }
+      StoreChecks.replayRange(snapshotVersion, endVersion, this)
       new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
@@ -249,7 +231,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       endVersion: Long,
       colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
-    rejectCheckpointIds(endVersionStateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
@@ -360,12 +342,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private[pystatestore] def newWriteBuffer(): WriteBuffer = new WriteBuffer(bufferCodec, numValueFields)
   private[pystatestore] def scanPrefix(prefixKey: UnsafeRow): Array[Byte] = bufferCodec.scanPrefix(prefixKey)
 
-  private def rejectCheckpointIds(id: Option[String]): Unit = if (id.isDefined) {
-    throw SparkInternals.checkpointIdsNotSupported(
-      s"$ProviderName does not support checkpointFormatVersion 2 yet (store $describeStore); " +
-        "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
-  }
-
   /**
    * Loads `version` for a task, holding one reference to it for the caller; any failure becomes
    * Spark's CANNOT_LOAD_STATE_STORE.
@@ -433,10 +409,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       fromReply = replyMetrics(reply)))
 
   private def replayFromWorker(snapshotVersion: Long, endVersion: Long): LoadedVersion = {
-    if (!usesViews) {
-      throw new UnsupportedOperationException(s"$ProviderName: the memory backend keeps no snapshots to replay " +
-        s"from ($describeStore); write the checkpoint with ${WorkerLaunchSpec.ConfPrefix}backend=rocksdb")
-    }
+    if (!usesViews) throw StoreChecks.noReplayOnMemoryBackend(this)
     val started = System.nanoTime()
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
@@ -604,12 +577,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         }
         val desc = compact(render(JsonMethods.parse(storeDescription).merge(local).merge(replaces)))
         val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
-        val readPath = stringField(reply, "readPath")
-        if (readPath != (if (usesViews) "view" else "frame")) {
-          throw new IllegalStateException(s"pystatestore: the worker's backend for $describeStore is read " +
-            s"through '$readPath', but this provider expected '${if (usesViews) "view" else "frame"}' " +
-            s"(${WorkerLaunchSpec.ConfPrefix}backend). The jar and the Python package are of different releases.")
-        }
+        StoreChecks.readPathMatches(stringField(reply, "readPath"), usesViews, this)
         handle = (reply \ "handle").asInstanceOf[JString].s
         openedInGeneration = worker.generation
         abandonedHandle = None
