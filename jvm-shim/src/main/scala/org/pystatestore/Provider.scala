@@ -107,9 +107,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.hadoopConf = hadoopConf
     StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey)
     prefixSpec = StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
-    versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
+    versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
-    usesViews = storeConfs.sqlConfs.getOrElse(WorkerLaunchSpec.ConfPrefix + "backend", "rocksdb") != "memory"
+    usesViews = ProviderConf.usesViews(storeConfs)
     // The write buffer always puts the prefix first (a prefix is a byte prefix of its keys); what
     // is stored does so only where the backend reads through views.
     bufferCodec = prefixSpec match {
@@ -117,22 +117,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       case None => new RawKeys(keySchema.length)
     }
     keyCodec = if (usesViews) bufferCodec else new RawKeys(keySchema.length)
-    if (usesViews) {
-      val mb = storeConfs.sqlConfs.get(WorkerLaunchSpec.ConfPrefix + "jvmBlockCacheMB")
-        .map(v => scala.util.Try(v.trim.toLong).toOption.filter(_ > 0).getOrElse(throw new IllegalArgumentException(
-          s"${WorkerLaunchSpec.ConfPrefix}jvmBlockCacheMB=$v is not a positive number of MiB; fix or unset it")))
-        .getOrElse(RocksViews.DefaultBlockCacheMB)
-      RocksViews.configure(mb)
-    }
+    if (usesViews) RocksViews.configure(ProviderConf.jvmBlockCacheMB(storeConfs))
     val location = stateStoreId.storeCheckpointLocation()
     storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
     coordinatorId = if (storeConfs.reportSnapshotUploadLag) SparkInternals.providerId(stateStoreId, hadoopConf) else None
-    laggingAfterVersions = storeConfs.minDeltasForSnapshot.toLong * storeConfs.sqlConfs
-      .get("spark.sql.streaming.stateStore.multiplierForMinVersionDiffToLog").flatMap(_.trim.toLongOption).getOrElse(5L)
-    workerOptions = storeConfs.sqlConfs.collect {
-      case (k, v) if k.startsWith(WorkerLaunchSpec.ConfPrefix) =>
-        k.stripPrefix(WorkerLaunchSpec.ConfPrefix) -> JString(v)
-    }.toList
+    laggingAfterVersions = ProviderConf.laggingAfterVersions(storeConfs)
+    workerOptions = ProviderConf.workerOptions(storeConfs)
     storeDescription = describeForWorker()
   }
 
