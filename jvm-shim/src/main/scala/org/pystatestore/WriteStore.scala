@@ -154,17 +154,17 @@ abstract class PythonStateStoreCore(
     val memoryWithWorker = memory + RocksViews.workerRssShare
     val load = loaded.load
     val loadValues = Map(
-      ProviderCore.MetricLoadMs -> load.totalMs,
-      ProviderCore.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
-      ProviderCore.MetricLoadedBytes -> load.bytesRead,
-      ProviderCore.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
-      ProviderCore.MetricWorkerRssBytes -> RocksViews.workerRssShare)
+      ProviderMetrics.MetricLoadMs -> load.totalMs,
+      ProviderMetrics.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
+      ProviderMetrics.MetricLoadedBytes -> load.bytesRead,
+      ProviderMetrics.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
+      ProviderMetrics.MetricWorkerRssBytes -> RocksViews.workerRssShare)
     // A store may restore twice (once to load, once before committing): sum what both reported.
     val loadSide = load.fromReply ++ loadValues
     val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
       k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
     }.toMap
-    StateStoreMetrics(keys, memoryWithWorker, ProviderCore.metricsMap(combined), provider.instanceMetrics)
+    StateStoreMetrics(keys, memoryWithWorker, ProviderMetrics.metricsMap(combined), provider.instanceMetrics)
   }
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
