@@ -31,6 +31,7 @@ import org.apache.spark.sql.types.StructType
 abstract class PythonStateStoreProviderCore extends StateStoreProvider with ChangeFeedSupport with Logging {
   import ProviderCore._
   import ProviderMetrics._
+  import WorkerReplies._
 
   // A jar of another minor must say which jar to use before anything else can fail less clearly:
   // Spark asks a provider it has only constructed for its metrics, and the ProviderMetrics object that
@@ -594,26 +595,4 @@ object ProviderCore {
   /** The parts of maintenance, as the worker names them. */
   val MaintainSnapshot = "snapshot"
   val MaintainCleanup = "cleanup"
-
-  private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
-    val row = new UnsafeRow(numFields)
-    row.pointTo(bytes, bytes.length)
-    row
-  }
-
-  private[pystatestore] def stringField(json: JValue, name: String): String = json \ name match {
-    case JString(s) => s
-    case _ => ""
-  }
-
-  /** A version the reply names, if it names one. */
-  private[pystatestore] def versionField(json: JValue, name: String): Option[Long] =
-    Some(longField(json, name)).filter(_ > 0)
-
-  private[pystatestore] def longField(json: JValue, name: String): Long = json \ name match {
-    case JInt(v) => v.toLong
-    case JLong(v) => v
-    case JDouble(v) => v.toLong
-    case _ => 0L
-  }
 }

@@ -9,7 +9,7 @@ import org.apache.spark.sql.execution.streaming.state._
  * worker's commit and load replies carry, and their descriptions.
  */
 object ProviderMetrics {
-  import ProviderCore.longField
+  import WorkerReplies.longField
 
   val MetricCommitMs = "pystatestoreCommitMs"
   val MetricBridgeMs = "pystatestoreBridgeMs"
