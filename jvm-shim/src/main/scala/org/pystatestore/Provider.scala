@@ -30,9 +30,11 @@ import org.apache.spark.sql.types.StructType
  */
 abstract class PythonStateStoreProviderCore extends StateStoreProvider with ChangeFeedSupport with Logging {
   import ProviderCore._
+  import ProviderMetrics._
+  import WorkerReplies._
 
   // A jar of another minor must say which jar to use before anything else can fail less clearly:
-  // Spark asks a provider it has only constructed for its metrics, and the ProviderCore object that
+  // Spark asks a provider it has only constructed for its metrics, and the ProviderMetrics object that
   // holds them already links against this minor's Spark, so the check is the constructor's first
   // act and names nothing from that object.
   locally {
@@ -105,23 +107,11 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    if (useColumnFamilies) {
-      throw SparkInternals.multipleColumnFamiliesNotSupported(
-        s"$ProviderName (store $stateStoreId; column families come in a later pystatestore release)")
-    }
-    if (useMultipleValuesPerKey) {
-      throw SparkInternals.unsupportedOperation("multiple values per key",
-        s"$ProviderName does not support multiple values per key yet (store $stateStoreId)")
-    }
-    prefixSpec = keyStateEncoderSpec match {
-      case PrefixKeyScanStateEncoderSpec(_, n) => Some(new PrefixKeySpec(keySchema, n))
-      case NoPrefixKeyStateEncoderSpec(_) => None
-      case other => throw SparkInternals.unsupportedOperation("key encoder",
-        s"$ProviderName does not support ${other.getClass.getSimpleName} yet (store $stateStoreId)")
-    }
-    versionsInMemory = math.max(1, storeConfs.maxVersionsToRetainInMemory)
+    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey)
+    prefixSpec = StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
+    versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
-    usesViews = storeConfs.sqlConfs.getOrElse(WorkerLaunchSpec.ConfPrefix + "backend", "rocksdb") != "memory"
+    usesViews = ProviderConf.usesViews(storeConfs)
     // The write buffer always puts the prefix first (a prefix is a byte prefix of its keys); what
     // is stored does so only where the backend reads through views.
     bufferCodec = prefixSpec match {
@@ -129,22 +119,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       case None => new RawKeys(keySchema.length)
     }
     keyCodec = if (usesViews) bufferCodec else new RawKeys(keySchema.length)
-    if (usesViews) {
-      val mb = storeConfs.sqlConfs.get(WorkerLaunchSpec.ConfPrefix + "jvmBlockCacheMB")
-        .map(v => scala.util.Try(v.trim.toLong).toOption.filter(_ > 0).getOrElse(throw new IllegalArgumentException(
-          s"${WorkerLaunchSpec.ConfPrefix}jvmBlockCacheMB=$v is not a positive number of MiB; fix or unset it")))
-        .getOrElse(RocksViews.DefaultBlockCacheMB)
-      RocksViews.configure(mb)
-    }
+    if (usesViews) RocksViews.configure(ProviderConf.jvmBlockCacheMB(storeConfs))
     val location = stateStoreId.storeCheckpointLocation()
     storeLocation = location.getFileSystem(hadoopConf).makeQualified(location).toString
     coordinatorId = if (storeConfs.reportSnapshotUploadLag) SparkInternals.providerId(stateStoreId, hadoopConf) else None
-    laggingAfterVersions = storeConfs.minDeltasForSnapshot.toLong * storeConfs.sqlConfs
-      .get("spark.sql.streaming.stateStore.multiplierForMinVersionDiffToLog").flatMap(_.trim.toLongOption).getOrElse(5L)
-    workerOptions = storeConfs.sqlConfs.collect {
-      case (k, v) if k.startsWith(WorkerLaunchSpec.ConfPrefix) =>
-        k.stripPrefix(WorkerLaunchSpec.ConfPrefix) -> JString(v)
-    }.toList
+    laggingAfterVersions = ProviderConf.laggingAfterVersions(storeConfs)
+    workerOptions = ProviderConf.workerOptions(storeConfs)
     storeDescription = describeForWorker()
   }
 
@@ -185,12 +165,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
 
   /** The write store for `version` (Spark's getStore, whatever its signature in this minor). */
   protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore = {
-    rejectCheckpointIds(stateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(stateStoreCkptId, this)
     new PythonStateStore(this, loadForTask(version), null, forceSnapshot)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
-    rejectCheckpointIds(uniqueId)
+    StoreChecks.rejectCheckpointIds(uniqueId, this)
     new PythonReadStateStore(this, loadForTask(version))
   }
 
@@ -201,7 +181,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       uniqueId: Option[String],
       forceSnapshot: Boolean): StateStore = readStore match {
     case r: PythonReadStateStoreCore if r.version == version && r.id == stateStoreId =>
-      rejectCheckpointIds(uniqueId)
+      StoreChecks.rejectCheckpointIds(uniqueId, this)
       r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base, r.handOverReadMarks(), forceSnapshot)
     case _ => openWriteStore(version, uniqueId, forceSnapshot)
@@ -211,10 +191,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    * Spark 4.2's `loadEmpty` (an empty store at a version, for offline repartitioning) is refused:
    * the repartitioning that asks for it reads state only through Spark's RocksDB provider.
    */
-  protected def refuseLoadEmpty(version: Long): Nothing =
-    throw SparkInternals.unsupportedOperation("loadEmpty",
-      s"$ProviderName does not open an empty store at version $version ($describeStore): offline state " +
-        "repartitioning (spark.streamingCheckpointManager.repartition) needs Spark's RocksDB state store provider")
+  protected def refuseLoadEmpty(version: Long): Nothing = throw StoreChecks.noLoadEmpty(version, this)
 
   /**
    * `endVersion` rebuilt from the snapshot of `snapshotVersion` and the changes after it, skipping
@@ -227,13 +204,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String],
       endVersionStateStoreCkptId: Option[String]): StateStore = {
-    rejectCheckpointIds(snapshotVersionStateStoreCkptId)
-    rejectCheckpointIds(endVersionStateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(snapshotVersionStateStoreCkptId, this)
+    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     try {
-      if (snapshotVersion < 1 || endVersion < snapshotVersion) {
-        throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of $describeStore from " +
-          s"snapshot version $snapshotVersion: the snapshot must be version 1 or later and not after the end")
-      }
+      StoreChecks.replayRange(snapshotVersion, endVersion, this)
       new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
@@ -249,7 +223,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       endVersion: Long,
       colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
-    rejectCheckpointIds(endVersionStateStoreCkptId)
+    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
@@ -360,12 +334,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private[pystatestore] def newWriteBuffer(): WriteBuffer = new WriteBuffer(bufferCodec, numValueFields)
   private[pystatestore] def scanPrefix(prefixKey: UnsafeRow): Array[Byte] = bufferCodec.scanPrefix(prefixKey)
 
-  private def rejectCheckpointIds(id: Option[String]): Unit = if (id.isDefined) {
-    throw SparkInternals.checkpointIdsNotSupported(
-      s"$ProviderName does not support checkpointFormatVersion 2 yet (store $describeStore); " +
-        "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
-  }
-
   /**
    * Loads `version` for a task, holding one reference to it for the caller; any failure becomes
    * Spark's CANNOT_LOAD_STATE_STORE.
@@ -433,10 +401,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       fromReply = replyMetrics(reply)))
 
   private def replayFromWorker(snapshotVersion: Long, endVersion: Long): LoadedVersion = {
-    if (!usesViews) {
-      throw new UnsupportedOperationException(s"$ProviderName: the memory backend keeps no snapshots to replay " +
-        s"from ($describeStore); write the checkpoint with ${WorkerLaunchSpec.ConfPrefix}backend=rocksdb")
-    }
+    if (!usesViews) throw StoreChecks.noReplayOnMemoryBackend(this)
     val started = System.nanoTime()
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
@@ -604,12 +569,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         }
         val desc = compact(render(JsonMethods.parse(storeDescription).merge(local).merge(replaces)))
         val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
-        val readPath = stringField(reply, "readPath")
-        if (readPath != (if (usesViews) "view" else "frame")) {
-          throw new IllegalStateException(s"pystatestore: the worker's backend for $describeStore is read " +
-            s"through '$readPath', but this provider expected '${if (usesViews) "view" else "frame"}' " +
-            s"(${WorkerLaunchSpec.ConfPrefix}backend). The jar and the Python package are of different releases.")
-        }
+        StoreChecks.readPathMatches(stringField(reply, "readPath"), usesViews, this)
         handle = (reply \ "handle").asInstanceOf[JString].s
         openedInGeneration = worker.generation
         abandonedHandle = None
@@ -629,448 +589,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   }.getOrElse(s"driver-${UUID.randomUUID()}")
 }
 
-/** A version handed to a store, with how it was obtained (for load metrics). */
-private[pystatestore] case class LoadedVersion(state: CommittedVersion, load: LoadMetrics)
-
-private[pystatestore] case class LoadMetrics(
-    fromCache: Boolean, totalMs: Long, bytesRead: Long,
-    fromReply: Map[String, Long] = Map.empty)
-
-private[pystatestore] object LoadMetrics {
-  val fromCache: LoadMetrics = LoadMetrics(fromCache = true, 0L, 0L)
-}
-
 object ProviderCore {
   val ProviderName = "PythonStateStoreProvider"
 
   /** The parts of maintenance, as the worker names them. */
   val MaintainSnapshot = "snapshot"
   val MaintainCleanup = "cleanup"
-
-  val MetricCommitMs = "pystatestoreCommitMs"
-  val MetricBridgeMs = "pystatestoreBridgeMs"
-  val MetricWorkerCommitMs = "pystatestoreWorkerCommitMs"
-  val MetricBytesWritten = "pystatestoreBytesWritten"
-  val MetricChangedRows = "pystatestoreChangedRows"
-  val MetricFrameBytes = "pystatestoreFrameBytes"
-  val MetricLoadMs = "pystatestoreLoadMs"
-  val MetricLoadsFromWorker = "pystatestoreLoadsFromWorker"
-  val MetricLoadedBytes = "pystatestoreLoadedBytes"
-  val MetricJvmBlockCacheBytes = "pystatestoreJvmBlockCacheBytes"
-  val MetricKeysLookedUp = "pystatestoreKeysLookedUpAtCommit"
-  val MetricWorkerRssBytes = "pystatestoreWorkerRssBytes"
-  val MetricSnapshotsMade = "pystatestoreSnapshotsMade"
-  val MetricSnapshotsForced = "pystatestoreSnapshotsForced"
-  val MetricStoresLagging = "pystatestoreStoresLagging"
-
-  /** Commit metrics the worker reports in its reply: (metric name, reply field). */
-  val WorkerReplyMetrics: Seq[(String, String)] = Seq(
-    MetricWorkerCommitMs -> "commitMs",
-    MetricBytesWritten -> "bytesWritten",
-    "pystatestoreFilesUploaded" -> "filesUploaded",
-    "pystatestoreFilesReused" -> "filesReused",
-    "pystatestoreApplyMs" -> "applyMs",
-    "pystatestoreFlushMs" -> "flushMs",
-    "pystatestoreCheckpointMs" -> "checkpointMs",
-    "pystatestoreUploadMs" -> "uploadMs",
-    "pystatestoreManifestMs" -> "manifestMs",
-    "pystatestoreLocalCopiesSaved" -> "localCopySaved",
-    "pystatestoreLocalCopyBytesCopied" -> "localCopyBytesCopied",
-    "pystatestoreViewMs" -> "viewMs",
-    "pystatestoreRestoreLocalFiles" -> "restoreLocalFiles",
-    "pystatestoreRestoreLocalBytes" -> "restoreLocalBytes",
-    "pystatestoreRestoreRemoteFiles" -> "restoreRemoteFiles",
-    "pystatestoreRestoreRemoteBytes" -> "restoreRemoteBytes",
-    "pystatestoreRestoreMs" -> "restoreMs",
-    "pystatestoreFilesInline" -> "filesInline",
-    "pystatestoreRestoreChangelogVersions" -> "restoreChangelogVersions",
-    "pystatestoreRestoreChangelogBytes" -> "restoreChangelogBytes")
-
-  private[pystatestore] def replyMetrics(reply: JValue): Map[String, Long] =
-    WorkerReplyMetrics.map { case (metric, field) => metric -> longField(reply, field) }.toMap
-
-  val AllCustomMetrics: Seq[StateStoreCustomMetric] = Seq(
-    StateStoreCustomTimingMetric(MetricCommitMs,
-      "pystatestore: commit latency seen by the task (frame + worker)"),
-    StateStoreCustomTimingMetric(MetricBridgeMs,
-      "pystatestore: time to write the commit's Arrow frame in the JVM"),
-    StateStoreCustomTimingMetric(MetricWorkerCommitMs,
-      "pystatestore: time the Python worker took to make the version durable"),
-    StateStoreCustomSizeMetric(MetricBytesWritten,
-      "pystatestore: bytes written to checkpoint storage by commits"),
-    StateStoreCustomSumMetric(MetricChangedRows,
-      "pystatestore: rows put or deleted by commits"),
-    StateStoreCustomSizeMetric(MetricFrameBytes,
-      "pystatestore: bytes of Arrow change frames sent to the worker"),
-    StateStoreCustomTimingMetric(MetricLoadMs,
-      "pystatestore: time to load versions missing from the near-cache"),
-    StateStoreCustomSumMetric(MetricLoadsFromWorker,
-      "pystatestore: versions loaded through the Python worker"),
-    StateStoreCustomSizeMetric(MetricLoadedBytes,
-      "pystatestore: bytes read from checkpoint storage by loads"),
-    StateStoreCustomSumMetric("pystatestoreFilesUploaded", "pystatestore: files uploaded by commits"),
-    StateStoreCustomSumMetric("pystatestoreFilesReused",
-      "pystatestore: files reused from the base version by commits (not uploaded again)"),
-    StateStoreCustomTimingMetric("pystatestoreApplyMs",
-      "pystatestore: commit time applying changes (rocksdb: writing them as an SST file)"),
-    StateStoreCustomTimingMetric("pystatestoreFlushMs",
-      "pystatestore: commit time making the changes part of the DB (rocksdb: ingesting the SST file)"),
-    StateStoreCustomTimingMetric("pystatestoreCheckpointMs",
-      "pystatestore: commit time taking the RocksDB checkpoint"),
-    StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),
-    StateStoreCustomTimingMetric("pystatestoreManifestMs", "pystatestore: commit time writing the manifest"),
-    StateStoreCustomSumMetric("pystatestoreLocalCopiesSaved",
-      "pystatestore: versions kept as local recovery copies"),
-    StateStoreCustomSizeMetric("pystatestoreLocalCopyBytesCopied",
-      "pystatestore: bytes of local recovery copies copied, not hard-linked (another filesystem)"),
-    StateStoreCustomTimingMetric("pystatestoreViewMs",
-      "pystatestore: time the worker took to leave a loaded version as a read view"),
-    StateStoreCustomSumMetric(MetricKeysLookedUp,
-      "pystatestore: written keys whose presence in the base version the commit had to look up (not read before)"),
-    StateStoreCustomSizeMetric(MetricJvmBlockCacheBytes,
-      "pystatestore: this store's share of the JVM's RocksDB block cache in use (read views)"),
-    StateStoreCustomSizeMetric(MetricWorkerRssBytes,
-      "pystatestore: this store's share of the Python worker's resident memory"),
-    StateStoreCustomSumMetric("pystatestoreRestoreLocalFiles",
-      "pystatestore: files restored from local recovery copies"),
-    StateStoreCustomSizeMetric("pystatestoreRestoreLocalBytes",
-      "pystatestore: bytes restored from local recovery copies"),
-    StateStoreCustomSumMetric("pystatestoreRestoreRemoteFiles",
-      "pystatestore: files restored from checkpoint storage"),
-    StateStoreCustomSizeMetric("pystatestoreRestoreRemoteBytes",
-      "pystatestore: bytes restored from checkpoint storage"),
-    StateStoreCustomTimingMetric("pystatestoreRestoreMs", "pystatestore: time rebuilding local state"),
-    StateStoreCustomSumMetric("pystatestoreFilesInline",
-      "pystatestore: small files stored inside manifests rather than as files of their own"),
-    StateStoreCustomSumMetric("pystatestoreRestoreChangelogVersions",
-      "pystatestore: changelog versions replayed on top of a snapshot to rebuild local state"),
-    StateStoreCustomSizeMetric("pystatestoreRestoreChangelogBytes",
-      "pystatestore: bytes of changelog replayed to rebuild local state"),
-    StateStoreCustomSumMetric(MetricSnapshotsMade,
-      "pystatestore: snapshots made (snapshot commits, forced, and by maintenance), each reported to Spark's coordinator"),
-    StateStoreCustomSumMetric(MetricSnapshotsForced,
-      "pystatestore: commits Spark asked to be snapshots (forceSnapshotOnCommit: the store was judged lagging)"),
-    StateStoreCustomSumMetric(MetricStoresLagging,
-      "pystatestore: stores whose newest snapshot reported to Spark's coordinator trails the committed version " +
-        "by more than Spark's lag rule (multiplierForMinVersionDiffToLog x minDeltasForSnapshot versions)"))
-
-  private[pystatestore] def toRow(bytes: Array[Byte], numFields: Int): UnsafeRow = {
-    val row = new UnsafeRow(numFields)
-    row.pointTo(bytes, bytes.length)
-    row
-  }
-
-  private[pystatestore] def stringField(json: JValue, name: String): String = json \ name match {
-    case JString(s) => s
-    case _ => ""
-  }
-
-  /** A version the reply names, if it names one. */
-  private[pystatestore] def versionField(json: JValue, name: String): Option[Long] =
-    Some(longField(json, name)).filter(_ > 0)
-
-  private[pystatestore] def longField(json: JValue, name: String): Long = json \ name match {
-    case JInt(v) => v.toLong
-    case JLong(v) => v
-    case JDouble(v) => v.toLong
-    case _ => 0L
-  }
-
-  private[pystatestore] def metricsMap(values: Map[String, Long]): Map[StateStoreCustomMetric, Long] =
-    AllCustomMetrics.map(m => m -> values.getOrElse(m.name, 0L)).toMap
-}
-
-/** What a store holds until it is released: a reference to its base version, open iterators. */
-private[pystatestore] trait StoreResources {
-  /** Idempotent; called by abort/release, at the end of the store's task, or when the provider closes. */
-  def releaseResources(): Unit
-}
-
-/** The base version a store reads, held until the store is released (once, whoever asks first). */
-private[pystatestore] final class BaseHold(
-    provider: PythonStateStoreProviderCore,
-    val state: CommittedVersion,
-    resources: AutoCloseable = null) extends StoreResources {
-  private val released = new java.util.concurrent.atomic.AtomicBoolean(false)
-
-  def check(what: String): Unit = if (released.get) {
-    throw new IllegalStateException(s"Cannot $what on a released store of ${provider.describeStore} version " +
-      s"${state.version}")
-  }
-
-  override def releaseResources(): Unit = if (released.compareAndSet(false, true)) {
-    provider.untrack(this)
-    if (resources != null) resources.close()
-    state.release()
-  }
-}
-
-/** Read-only view of one loaded version (Spark's ReadStateStore); the adapters make it concrete. */
-abstract class PythonReadStateStoreCore(
-    provider: PythonStateStoreProviderCore,
-    loaded: LoadedVersion) extends ReadStateStore {
-  /** The provider, for the adapters' additions (their errors name its store). */
-  protected def storeProvider: PythonStateStoreProviderCore = provider
-
-  /**
-   * What Spark's reads found, for the write store this one may be upgraded to. Created lazily;
-   * after an upgrade the write store owns it and this store keeps marking into it: Spark upgrades
-   * before it reads (the reads happen as the write store's input is consumed).
-   */
-  private var readMarks: WriteBuffer = _
-  private var handedOver = false
-  private val hold = new BaseHold(provider, loaded.state, () => synchronized {
-    if (readMarks != null && !handedOver) readMarks.close()
-    readMarks = null
-  })
-  provider.track(hold)
-
-  private[pystatestore] def base: LoadedVersion = loaded
-
-  /** The read marks, from now on owned (and freed) by the write store this one is upgraded to. */
-  private[pystatestore] def handOverReadMarks(): WriteBuffer = synchronized {
-    if (readMarks == null) readMarks = provider.newWriteBuffer()
-    handedOver = true
-    readMarks
-  }
-
-  override def id: StateStoreId = provider.stateStoreId
-  override def version: Long = loaded.state.version
-
-  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    hold.check("get")
-    val v = loaded.state.get(key)
-    val marks = synchronized {
-      if (readMarks == null) readMarks = provider.newWriteBuffer()
-      readMarks
-    }
-    if (marks.isOpen) marks.mark(key, v != null)
-    v
-  }
-
-  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    throw StoreChecks.noMultipleValues(provider)
-
-  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
-      : StateStoreIterator[UnsafeRowPair] = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    StoreChecks.prefixEnabled(provider)
-    hold.check("prefixScan")
-    StoreChecks.pairs(loaded.state.withPrefix(prefixKey))
-  }
-
-  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    hold.check("iterator")
-    StoreChecks.pairs(loaded.state.pairs())
-  }
-
-  override def abort(): Unit = hold.releaseResources()
-  override def release(): Unit = hold.releaseResources()
-  override def toString: String = s"PythonReadStateStore[${provider.describeStore}, version $version]"
-}
-
-/**
- * A writable version: its base version + a write buffer, committed through the Python worker; with
- * `forceSnapshot` its commit also makes the new version's snapshot. The adapters make it concrete.
- */
-abstract class PythonStateStoreCore(
-    provider: PythonStateStoreProviderCore,
-    loaded: LoadedVersion,
-    readMarks: WriteBuffer,
-    forceSnapshot: Boolean) extends StateStore {
-  /** The provider, for the adapters' additions (their errors name its store). */
-  protected def storeProvider: PythonStateStoreProviderCore = provider
-
-  private sealed trait Phase
-  private case object Updating extends Phase
-  private case object Committed extends Phase
-  private case object Aborted extends Phase
-
-  @volatile private var phase: Phase = Updating
-  private val base = loaded.state
-  /** Writes, plus read marks of what Spark's reads found (those of the read store it came from). */
-  private val buffer = if (readMarks != null) readMarks else provider.newWriteBuffer()
-  private val hold = new BaseHold(provider, base, buffer)
-  provider.track(hold)
-  private val readBase: UnsafeRow => UnsafeRow = k => base.get(k)
-  @volatile private var committed: CommittedVersion = _
-  @volatile private var commitMetrics: Map[String, Long] = Map.empty
-
-  override def id: StateStoreId = provider.stateStoreId
-  override def version: Long = base.version
-
-  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    hold.check("get")
-    buffer.read(key, readBase)
-  }
-
-  override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    require(value != null, "Cannot put a null value")
-    requireUpdating("put")
-    buffer.write(key, value)
-  }
-
-  override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    requireUpdating("remove")
-    buffer.write(key, null)
-  }
-
-  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    hold.check("iterator")
-    // The buffer as of now, so concurrent updates neither break nor hide entries; the base is
-    // immutable.
-    merged(null, base.pairs())
-  }
-
-  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
-      : StateStoreIterator[UnsafeRowPair] = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
-    StoreChecks.prefixEnabled(provider)
-    hold.check("prefixScan")
-    merged(provider.scanPrefix(prefixKey), base.withPrefix(prefixKey))
-  }
-
-  /**
-   * The buffer's entries as of now (those with `scanPrefix`, if given), then the base's pairs the
-   * buffer did not write or delete by then.
-   */
-  private def merged(scanPrefix: Array[Byte], fromBase: PairIterator): StateStoreIterator[UnsafeRowPair] = {
-    val at = buffer.now
-    val anyWrites = buffer.numWrites > 0 // none before `at` either: the base needs no filter
-    val fromBuffer = buffer.entriesAt(at, scanPrefix).filter(_._2 != null)
-    val notOverridden = if (!anyWrites) fromBase else fromBase.filter { case (k, _) => !buffer.writtenAt(k, at) }
-    StoreChecks.pairs(fromBuffer ++ notOverridden, fromBase)
-  }
-
-  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    throw StoreChecks.noMultipleValues(provider)
-  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
-  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
-  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
-
-  override def removeColFamilyIfExists(colFamilyName: String): Boolean =
-    throw SparkInternals.removingColumnFamiliesNotSupported(ProviderCore.ProviderName)
-
-  override def createColFamilyIfAbsent(
-      colFamilyName: String,
-      keySchema: StructType,
-      valueSchema: StructType,
-      keyStateEncoderSpec: KeyStateEncoderSpec,
-      useMultipleValuesPerKey: Boolean,
-      isInternal: Boolean): Unit =
-    throw SparkInternals.multipleColumnFamiliesNotSupported(ProviderCore.ProviderName)
-
-  override def commit(): Long = {
-    requireUpdating("commit")
-    hold.check("commit")
-    try {
-      val (state, metrics) = provider.commitVersion(base, buffer, forceSnapshot)
-      // Spark may still read the store after committing (complete mode reads all rows): the store
-      // keeps reading base + buffer, which is the committed version, until it is released.
-      state.release() // the provider's cache keeps the new version
-      committed = state
-      commitMetrics = metrics
-      phase = Committed
-      state.version
-    } catch {
-      case NonFatal(e) => throw SparkInternals.failedToCommitStateFileError(toString, e)
-    }
-  }
-
-  override def abort(): Unit = {
-    // Nothing reached the worker unless commit() was called; a failed commit cleans up after itself.
-    if (phase != Committed) {
-      phase = Aborted
-      hold.releaseResources() // drops the buffer too
-    }
-  }
-
-  override def release(): Unit = {
-    if (phase != Committed) phase = Aborted
-    hold.releaseResources()
-  }
-
-  override def hasCommitted: Boolean = phase == Committed
-
-  override def metrics: StateStoreMetrics = {
-    val state = committed
-    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes + buffer.memoryBytes) else {
-      var n = base.numKeys
-      // Exact, as the commit will count (Spark asks after committing; this is the rare case).
-      if (phase == Updating) buffer.foreachWrite() { (flags, page, keyAt, keyLength, _, _) =>
-        val present = WriteBuffer.presentInBase(flags)(base.contains(buffer.decodeKey(page, keyAt, keyLength)))
-        if (WriteBuffer.isDelete(flags) && present) n -= 1
-        else if (!WriteBuffer.isDelete(flags) && !present) n += 1
-      }
-      (n, base.memoryBytes + buffer.memoryBytes)
-    }
-    // Memory is reported honestly: the JVM block cache (in a view's memoryBytes) and the worker's
-    // resident memory, each shared out over the stores open in this JVM so that sums add up.
-    val memoryWithWorker = memory + RocksViews.workerRssShare
-    val load = loaded.load
-    val loadValues = Map(
-      ProviderCore.MetricLoadMs -> load.totalMs,
-      ProviderCore.MetricLoadsFromWorker -> (if (load.fromCache) 0L else 1L),
-      ProviderCore.MetricLoadedBytes -> load.bytesRead,
-      ProviderCore.MetricJvmBlockCacheBytes -> RocksViews.blockCacheShare,
-      ProviderCore.MetricWorkerRssBytes -> RocksViews.workerRssShare)
-    // A store may restore twice (once to load, once before committing): sum what both reported.
-    val loadSide = load.fromReply ++ loadValues
-    val combined = (commitMetrics.keySet ++ loadSide.keySet).map { k =>
-      k -> (commitMetrics.getOrElse(k, 0L) + loadSide.getOrElse(k, 0L))
-    }.toMap
-    StateStoreMetrics(keys, memoryWithWorker, ProviderCore.metricsMap(combined), provider.instanceMetrics)
-  }
-
-  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
-    StateStoreCheckpointInfo(id.partitionId, version + 1, None, None)
-
-  private def requireUpdating(op: String): Unit = if (phase != Updating) {
-    throw new IllegalStateException(
-      s"Cannot $op on $this: it is already ${if (phase == Committed) "committed" else "aborted"}")
-  }
-
-  override def toString: String = s"PythonStateStore[${provider.describeStore}, version $version]"
-}
-
-private[pystatestore] object StoreChecks {
-  def defaultFamily(name: String, provider: PythonStateStoreProviderCore): Unit = {
-    if (name != StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw SparkInternals.multipleColumnFamiliesNotSupported(
-        s"${ProviderCore.ProviderName} (column family '$name' asked of " +
-          s"${provider.describeStore}; column families come in a later pystatestore release)")
-    }
-  }
-
-  def prefixEnabled(provider: PythonStateStoreProviderCore): Unit = {
-    if (provider.prefix.isEmpty) {
-      throw new IllegalStateException(s"prefixScan on ${provider.describeStore}, which was not " +
-        "opened with a prefix-scan key encoder")
-    }
-  }
-
-  /** Spark's iterator over `pairs`; closing it (or its task ending) closes `resources` too. */
-  def pairs(pairs: Iterator[(UnsafeRow, UnsafeRow)], resources: AutoCloseable = null): StateStoreIterator[UnsafeRowPair] = {
-    val pair = new UnsafeRowPair()
-    val toClose = Option(resources).orElse(pairs match { case c: AutoCloseable => Some(c); case _ => None })
-    new StateStoreIterator(pairs.map { case (k, v) => pair.withRows(k, v) }, () => toClose.foreach(_.close()))
-  }
-
-  def noRangeScan(provider: PythonStateStoreProviderCore): Throwable =
-    SparkInternals.unsupportedOperation("range scan",
-      s"${ProviderCore.ProviderName} does not support range scans yet (${provider.describeStore})")
-
-  def noMultipleValues(provider: PythonStateStoreProviderCore): Throwable =
-    SparkInternals.unsupportedOperation("multiple values per key",
-      s"${ProviderCore.ProviderName} does not support multiple values per key yet " +
-        s"(${provider.describeStore})")
 }
