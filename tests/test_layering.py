@@ -121,3 +121,22 @@ def test_a_forbidden_import_is_found(tmp_path: Path, where: str, source: str, ex
     (package / where).write_text(source)
     problems = layering_violations(package)
     assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_every_module_imports() -> None:
+    """A name moved to another module but still imported from the old one fails here, at once,
+    rather than in the worker process of a Spark test."""
+    import importlib
+    import pkgutil
+
+    import pystatestore
+
+    failed = {}
+    for info in pkgutil.walk_packages(pystatestore.__path__, f"{TOP}."):
+        if info.name.endswith("__main__"):
+            continue  # runs the worker
+        try:
+            importlib.import_module(info.name)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, whatever it is
+            failed[info.name] = repr(e)
+    assert failed == {}

@@ -535,7 +535,7 @@ def test_gc_parses_a_settled_manifest_once_and_again_when_it_is_replaced(
 
 
 def test_parsed_manifests_match_only_the_very_file_listed() -> None:
-    from pystatestore.store.backends.base import ParsedManifests
+    from pystatestore.store.backends.context import ParsedManifests
     from pystatestore.store.manifest import Manifest
 
     cache = ParsedManifests()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import CommitResult, LoadResult, StateBackend, StoreContext
+from .base import StateBackend
+from .context import CommitResult, LoadResult, StoreContext
 from .memory import MemoryBackend
 from .rocksdb import RocksDBBackend
 

@@ -17,7 +17,8 @@ from .. import frames
 from ..errors import CheckpointDamagedError
 from ..manifest import FileRef, Manifest, checksum, manifest_path
 from ..retention import RetentionPlan
-from .base import CommitResult, LoadResult, StateBackend, elapsed_ms, log
+from .base import StateBackend, log
+from .context import CommitResult, LoadResult, elapsed_ms
 
 SNAPSHOT_FILE = "snapshot.arrow"
 

@@ -40,7 +40,8 @@ from ... import frames
 from ...local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
 from ...manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW, MANIFEST_DIR, manifest_path
 from ...remote import RemoteStore
-from ..base import CommitResult, LoadResult, StateBackend
+from ..base import StateBackend
+from ..context import CommitResult, LoadResult
 from . import commit as commit_phase
 from . import reading, snapshots
 from .config import RocksDBConfig, int_option

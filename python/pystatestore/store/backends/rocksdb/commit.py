@@ -16,7 +16,7 @@ from ... import changelog, frames
 from ...errors import CheckpointMissingError, StoreConfigError
 from ...leases import CommitLease
 from ...manifest import SNAPSHOT_DIR, manifest_path, snapshot_of
-from ..base import CommitResult, elapsed_ms
+from ..context import CommitResult, elapsed_ms
 from .config import APPLY_CHUNK_ROWS
 from .restore import ensure_at
 from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from ...errors import CheckpointDamagedError, StoreConfigError
 from ...manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, manifest_path, snapshot_of, version_of_manifest
-from ..base import LoadResult, elapsed_ms
+from ..context import LoadResult, elapsed_ms
 from .replay import replay_chain, segment_batches
 from .restore import Restore, ensure_at, restore_snapshot
 

@@ -19,7 +19,7 @@ from ...errors import CheckpointDamagedError, CheckpointMissingError
 from ...manifest import FileRef, Manifest, manifest_path, snapshot_path
 from ...remote import local_file_in
 from ...transfer import TransferStats, download_all
-from ..base import elapsed_ms
+from ..context import elapsed_ms
 from .local_db import take_local_file
 from .replay import apply_segment, changes_on_host, replay_chain
 

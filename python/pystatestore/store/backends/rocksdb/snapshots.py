@@ -29,7 +29,7 @@ from ...manifest import (
     version_of_manifest,
 )
 from ...transfer import upload_all, upload_file
-from ..base import elapsed_ms
+from ..context import elapsed_ms
 from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
 
 if TYPE_CHECKING:
