@@ -40,5 +40,8 @@ fi
 test -f "$jar"
 
 echo "setup: pip install . (wheel with a jar per Spark minor inside)"
+# setuptools builds in build/ and never removes what it copied there before: a module moved or
+# deleted since the last install would otherwise still ship in the wheel.
+rm -rf build
 .venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall . 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import pystatestore; print('setup: shim jar', pystatestore.jar_path())"
