@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import random
@@ -38,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,9 @@ RUNS: dict[str, tuple[str, dict[str, str]]] = {
 WINDOW = int(os.environ.get("PSS_SOAK_WINDOW", "100"))  # batches
 MIN_DELTAS = 10  # Spark's default minDeltasForSnapshot
 SAMPLE_S = 5.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Other work on the machine, in cores, above which a window's timings are marked as disturbed.
+OTHER_CPU_LIMIT = 0.1
 # A snapshot file of each provider: ours in changelog mode, Spark RocksDB's.
 SNAPSHOT_FILE = {
     "pss-changelog": re.compile(r"snapshots/(\d+)-[0-9a-f]+\.json$"),
@@ -178,6 +183,25 @@ def proc_figures(pids: list[int]) -> tuple[int, int, int]:
     return rss, fds, threads
 
 
+def machine_busy_ticks() -> int:
+    """CPU time the whole machine has spent busy (all cores, clock ticks), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return user + nice + system + irq + softirq + steal
+
+
+def tree_ticks(pids: list[int]) -> int:
+    """CPU time (clock ticks) the processes `pids` have used, with their reaped children's."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += sum(int(x) for x in stat[11:15])  # utime, stime, cutime, cstime
+    return total
+
+
 class Sampler(threading.Thread):
     """Every SAMPLE_S seconds: the figures of every process under the child (its JVM, and the
     JVM's children: our workers), and the checkpoint's files; notes every snapshot file seen."""
@@ -188,13 +212,23 @@ class Sampler(threading.Thread):
         self.samples: list[dict[str, float]] = []
         self.snapshots: dict[str, set[str]] = defaultdict(set)  # store -> snapshot files seen
         self._done = threading.Event()
+        self._ticks: tuple[float, int, int] | None = None  # (time, machine busy, run's processes)
 
     def run(self) -> None:
         while not self._done.wait(SAMPLE_S):
             self.sample()
 
     def sample(self) -> None:
-        rss, fds, threads = proc_figures(descendants(self.child_pid))
+        pids = [self.child_pid, *descendants(self.child_pid)]
+        rss, fds, threads = proc_figures(pids[1:])
+        # CPU the rest of the machine used since the last sample, in cores: above a few percent of
+        # a core, other work competed with the run and its timings say less.
+        now, busy, mine = time.time(), machine_busy_ticks(), tree_ticks(pids)
+        other_cores = float("nan")
+        if self._ticks is not None:
+            t0, busy0, mine0 = self._ticks
+            other_cores = max(0, (busy - busy0) - (mine - mine0)) / CLOCK_TICKS / max(now - t0, 1e-9)
+        self._ticks = (now, busy, mine)
         files = size = 0
         if self.state_dir.exists():
             for dirpath, _, names in os.walk(self.state_dir):
@@ -211,7 +245,15 @@ class Sampler(threading.Thread):
                         self.snapshots[store].add(rel)
         if rss:
             self.samples.append(
-                {"t": time.time(), "rss": rss, "fds": fds, "threads": threads, "files": files, "bytes": size}
+                {
+                    "t": now,
+                    "rss": rss,
+                    "fds": fds,
+                    "threads": threads,
+                    "files": files,
+                    "bytes": size,
+                    "other": other_cores,
+                }
             )
 
     def stop(self) -> None:
@@ -268,9 +310,16 @@ def windows(run: dict[str, Any], partitions: int) -> list[dict[str, float]]:
                 "files": statistics.median(s["files"] for s in inside),
                 "bytes": statistics.median(s["bytes"] for s in inside),
                 "forced": sum(op.get("customMetrics", {}).get("pystatestoreSnapshotsForced", 0) for op in ops),
+                "other": mean_known(s.get("other", math.nan) for s in inside),
             }
         )
     return out
+
+
+def mean_known(values: Iterable[float]) -> float:
+    """The mean of the values that are known (not NaN); NaN when none is."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.mean(known) if known else math.nan
 
 
 def raw_figures(run: dict[str, Any], partitions: int) -> dict[str, Any]:
@@ -339,7 +388,9 @@ def main() -> int:
         f"# workload: a streaming aggregation over {args.keys} keys (all in the first batch), {touched} keys "
         f"updated per batch; each provider's query runs {args.minutes:g} min in its own JVM",
         "# per window of 100 batches: commit p50 per partition, median batch, peak RSS / descriptors / threads "
-        "of the JVM and all processes under it, median checkpoint files and bytes (sampled every 5 s)",
+        "of the JVM and all processes under it, median checkpoint files and bytes (sampled every 5 s), and the "
+        f"mean CPU the rest of the machine used, in cores (above {OTHER_CPU_LIMIT:g}, other work competed "
+        "with the run)",
         "",
     ]
     table: dict[str, list[dict[str, float]]] = {}
@@ -348,13 +399,13 @@ def main() -> int:
         lines.append(f"{name}: {len(run['batches'])} batches")
         lines.append(
             f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'fds':>6}{'threads':>8}"
-            f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}"
+            f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}{'other CPU':>10}"
         )
         for w in ws:
             lines.append(
                 f"  {w['first']:>5}-{w['last']:<6}{w['minutes']:>6.1f}{w['commit_ms']:>10.1f}ms{w['batch_ms']:>7.0f}ms"
                 f"{w['rss'] / 2**20:>6.0f} MiB{w['fds']:>6}{w['threads']:>8}{w['files']:>11}{w['bytes'] / 2**20:>9.1f}"
-                f"{w['forced']:>7}"
+                f"{w['forced']:>7}{w['other']:>9.2f}c"
             )
         versions = len(run["batches"])
         per_store = sorted(len(v) for v in run["snapshots"].values()) or [0]
@@ -403,6 +454,19 @@ def main() -> int:
     )
     forced = sum(w["forced"] for w in ours)
     goals.append((f"ours: forced snapshots {forced} (goal 0)", forced == 0))
+    disturbed = [
+        f"{name} {w['first']}-{w['last']} ({w['other']:.2f} cores)"
+        for name, ws in table.items()
+        for w in ws
+        if w["other"] > OTHER_CPU_LIMIT
+    ]
+    goals.append(
+        (
+            "a quiet machine: "
+            + (f"other work used CPU during {', '.join(disturbed)}" if disturbed else "no window disturbed"),
+            not disturbed,
+        )
+    )
     lines.append("goals:")
     lines += [f"  [{'met' if ok else 'MISSED'}] {text}" for text, ok in goals]
     report = "\n".join(lines) + "\n"
