@@ -29,10 +29,14 @@ def foreign_release(root: Path) -> Path:
     src = Path(python_path_for_worker()) / "pystatestore"
     dst = root / "pystatestore"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "jars"))
-    service = dst / "service.py"
-    service.write_text(re.sub(r"^PROTOCOL_VERSION = \d+$", "PROTOCOL_VERSION = 1", service.read_text(), flags=re.M))
-    init = dst / "__init__.py"
-    init.write_text(re.sub(r'^__version__ = ".*"$', '__version__ = "0.1.0"', init.read_text(), flags=re.M))
+    for rel, pattern, replacement in (
+        ("worker/service.py", r"^PROTOCOL_VERSION = \d+$", "PROTOCOL_VERSION = 1"),
+        ("release.py", r'^__version__ = ".*"$', '__version__ = "0.1.0"'),
+    ):
+        path = dst / rel
+        text, n = re.subn(pattern, replacement, path.read_text(), flags=re.M)
+        assert n == 1, f"{path}: no {pattern!r} to rewrite (moved?): the foreign release would not be foreign"
+        path.write_text(text)
     return root
 
 
