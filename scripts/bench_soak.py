@@ -166,21 +166,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def proc_figures(pids: list[int]) -> tuple[int, int, int]:
-    """(RSS bytes, open descriptors, threads) summed over `pids`."""
-    rss = fds = threads = 0
+def proc_figures(pids: list[int]) -> tuple[int, int, int, int]:
+    """(RSS bytes, open descriptors, threads, RSS bytes of the JVMs among them) summed over `pids`."""
+    rss = fds = threads = jvm_rss = 0
     for pid in pids:
         try:
             status = (Path("/proc") / str(pid) / "status").read_text()
             fds += len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             continue
+        is_jvm = status.startswith("Name:\tjava")
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
                 rss += int(line.split()[1]) * 1024
+                jvm_rss += int(line.split()[1]) * 1024 if is_jvm else 0
             elif line.startswith("Threads:"):
                 threads += int(line.split()[1])
-    return rss, fds, threads
+    return rss, fds, threads, jvm_rss
 
 
 def machine_busy_ticks() -> int:
@@ -228,7 +230,7 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         pids = [self.child_pid, *descendants(self.child_pid)]
-        rss, fds, threads = proc_figures(pids[1:])
+        rss, fds, threads, jvm_rss = proc_figures(pids[1:])
         # CPU the rest of the machine used since the last sample, in cores: above a few percent of
         # a core, other work competed with the run and its timings say less. The sampler's own CPU
         # (walking tens of thousands of checkpoint files) is the bench's cost, reported on its own.
@@ -259,6 +261,7 @@ class Sampler(threading.Thread):
                 {
                     "t": now,
                     "rss": rss,
+                    "jvm_rss": jvm_rss,
                     "fds": fds,
                     "threads": threads,
                     "files": files,
@@ -315,6 +318,8 @@ def windows(run: dict[str, Any], partitions: int) -> list[dict[str, float]]:
                 "commit_ms": statistics.median(op["commitTimeMs"] / partitions for op in ops),
                 "batch_ms": statistics.median(b["durationMs"]["triggerExecution"] for b in chunk),
                 "rss": max(s["rss"] for s in inside),
+                # the JVM's share at the sample of the window's peak: heap growth or our workers?
+                "jvm_rss": max(inside, key=lambda s: s["rss"]).get("jvm_rss", math.nan),
                 "fds": max(s["fds"] for s in inside),
                 "threads": max(s["threads"] for s in inside),
                 # The checkpoint grows between maintenance runs (a minute's versions) and shrinks at
@@ -400,8 +405,9 @@ def main() -> int:
         "(maintenance every 60 s, minDeltasForSnapshot 10, minBatchesToRetain 100, coordinator on)",
         f"# workload: a streaming aggregation over {args.keys} keys (all in the first batch), {touched} keys "
         f"updated per batch; each provider's query runs {args.minutes:g} min in its own JVM",
-        "# per window of 100 batches: commit p50 per partition, median batch, peak RSS / descriptors / threads "
-        "of the JVM and all processes under it, median checkpoint files and bytes (sampled every 5 s), and the "
+        "# per window of 100 batches: commit p50 per partition, median batch, peak RSS (and the JVM's part of it) "
+        "/ descriptors / threads of the JVM and all processes under it, median checkpoint files and bytes "
+        "(sampled every 5 s), and the "
         "mean CPU the rest of the machine (less this bench's sampler) used, in cores "
         f"(above {OTHER_CPU_LIMIT:g}, other work competed "
         "with the run)",
@@ -412,13 +418,14 @@ def main() -> int:
         ws = table[name] = windows(run, args.partitions)
         lines.append(f"{name}: {len(run['batches'])} batches")
         lines.append(
-            f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'fds':>6}{'threads':>8}"
+            f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'JVM':>10}{'fds':>6}{'threads':>8}"
             f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}{'other CPU':>10}"
         )
         for w in ws:
             lines.append(
                 f"  {w['first']:>5}-{w['last']:<6}{w['minutes']:>6.1f}{w['commit_ms']:>10.1f}ms{w['batch_ms']:>7.0f}ms"
-                f"{w['rss'] / 2**20:>6.0f} MiB{w['fds']:>6}{w['threads']:>8}{w['files']:>11}{w['bytes'] / 2**20:>9.1f}"
+                f"{w['rss'] / 2**20:>6.0f} MiB{w['jvm_rss'] / 2**20:>6.0f} MiB{w['fds']:>6}{w['threads']:>8}"
+                f"{w['files']:>11}{w['bytes'] / 2**20:>9.1f}"
                 f"{w['forced']:>7}{w['other']:>9.2f}c"
             )
         versions = len(run["batches"])
