@@ -99,12 +99,20 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_store(tmp_path: Path) -> No
     b = make_backend("memory", store, tmp_path / "w", retain=0)
     for v in range(1, 4):
         commit(b, v - 1, changes({b"k": str(v).encode()}), "t")
-    # a tampered checkpoint: a directory link and a file link into somewhere precious
-    os.symlink(victim_dir, store / "private" / "1-0123456789abcdef0123456789abcdef")
-    (store / "shared").mkdir()
-    os.symlink(victim_dir / "data", store / "shared" / "0123456789abcdef0123456789abcdef-000009.sst")
+    victim_file = tmp_path / "precious-file"
+    victim_file.write_text("keep too")
+    # a tampered checkpoint: a directory link and a file link into somewhere precious, both looking
+    # like an old orphan attempt's files
+    dir_link = store / "private" / "1-0123456789abcdef0123456789abcdef"
+    file_link = store / "shared" / "0123456789abcdef0123456789abcdef-000009.sst"
+    os.symlink(victim_dir, dir_link)
+    file_link.parent.mkdir()
+    os.symlink(victim_file, file_link)
     b.maintenance(now=FAR_FUTURE)
     assert (victim_dir / "data").read_text() == "keep"
+    assert victim_file.read_text() == "keep too"
+    # Neither link is followed nor removed: no store writes one, so it is not GC's to delete.
+    assert dir_link.is_symlink() and file_link.is_symlink()
 
 
 def test_a_listing_skips_a_file_deleted_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -480,6 +488,65 @@ def test_gc_looks_for_new_pins_after_planning(tmp_path: Path, monkeypatch) -> No
     lease.unlink()
     gc.maintenance()
     assert not manifest_file(store, 3).exists(), "unpinned, version 3 should go"
+
+
+def snapshot_store_past_retention(tmp_path: Path) -> tuple[Path, StateBackend]:
+    """Six snapshot commits with retention 2: versions 1-3 are GC's to delete."""
+    store = tmp_path / "store"
+    writer = make_backend("rocksdb", store, tmp_path / "w", retain=2, mode="snapshot")
+    for v in range(6):
+        commit(writer, v, changes({f"k{v}".encode(): b"v"}), f"t{v}")
+    return store, make_backend("rocksdb", store, tmp_path / "gc", retain=2, mode="snapshot")
+
+
+def test_gc_deletes_nothing_while_a_live_lease_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Permissions, or an object store's 5xx: what that lease pins is unknown, so dropping it
+    could delete the base its commit is building on. The run deletes nothing and says why."""
+    store, gc = snapshot_store_past_retention(tmp_path)
+    token = "d" * 32
+    (store / LEASE_DIR).mkdir()
+    (store / LEASE_DIR / token).write_text(json.dumps({"version": 3, "token": token, "at": time.time()}))
+    read = RemoteStore.read_bytes
+
+    def refuse_leases(self: RemoteStore, rel: str, **kwargs: object) -> pa.Buffer:
+        if rel.startswith(LEASE_DIR + "/"):
+            raise PermissionError(13, "Permission denied", rel)
+        return read(self, rel, **kwargs)
+
+    monkeypatch.setattr(RemoteStore, "read_bytes", refuse_leases)
+    before = tree(store)
+    report = gc.maintenance()
+    assert tree(store) == before, "GC deleted files while a live lease was unreadable"
+    assert report["deletedManifests"] == 0 and report["deletedFiles"] == 0
+    assert f"leases/{token}" in caplog.text and "deleted nothing" in caplog.text, caplog.text
+    monkeypatch.setattr(RemoteStore, "read_bytes", read)
+    gc.maintenance()
+    assert not manifest_file(store, 1).exists(), "readable again, the lease pins nothing: version 1 goes"
+
+
+def test_a_live_lease_that_cannot_be_parsed_keeps_every_manifest(tmp_path: Path) -> None:
+    store, gc = snapshot_store_past_retention(tmp_path)
+    (store / LEASE_DIR).mkdir()
+    (store / LEASE_DIR / ("e" * 32)).write_text('{"version": 4, "base_ver')  # cut short
+    gc.maintenance()
+    assert all(manifest_file(store, v).exists() for v in range(1, 7))
+
+
+def test_a_lease_renewal_replaces_the_file_whole(tmp_path: Path) -> None:
+    """GC reading a lease while it is renewed sees the old body or the new, never a truncated one:
+    the renewal publishes a new file (a new inode), it does not rewrite the old in place."""
+    remote = RemoteStore(f"file:{tmp_path / 'store'}")
+    lease = CommitLease(remote, "f" * 32, 5, grace_seconds=600)
+    with lease:
+        lease.pin_base(3)
+        path = tmp_path / "store" / LEASE_DIR / ("f" * 32)
+        first = path.stat().st_ino
+        lease.renew()
+        assert path.stat().st_ino != first
+        assert json.loads(path.read_text())["base_version"] == 3
+        assert sorted(p.name for p in path.parent.iterdir()) == ["f" * 32], "a temporary was left behind"
 
 
 def lease_written_at(path: Path) -> float:

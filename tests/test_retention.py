@@ -131,10 +131,15 @@ def test_only_lease_bodies_naming_a_base_pin_it() -> None:
         b'{"base_version": true}',
         b'{"base_version": -1}',
         b'{"base_version": "2"}',
-        b"not json",
-        b"[1, 2]",
     ]
-    assert leased_bases(bodies) == {3}
+    assert leased_bases(bodies, versions=range(1, 10)) == {3}
+
+
+def test_a_lease_that_cannot_be_parsed_pins_every_version() -> None:
+    """It may name any base (damaged, or written by a release this one cannot read): no manifest
+    may go while it lives."""
+    for body in (b"not json", b"[1, 2]", b'{"base_version": 3'):
+        assert leased_bases([b'{"base_version": 3}', body], versions=range(1, 10)) == set(range(1, 10)), body
 
 
 def test_without_manifests_only_old_orphans_go() -> None:

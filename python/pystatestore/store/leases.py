@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .errors import StateStoreError, StoreConfigError
+from .errors import CheckpointMissingError, StateStoreError, StoreConfigError
 from .remote import RemoteFile, RemoteStore
 
 LEASE_DIR = "leases"
@@ -73,18 +73,58 @@ def live_attempts(listing: Iterable[RemoteFile], *, now: float, grace_seconds: f
     )
 
 
-def leased_bases(bodies: Iterable[bytes]) -> frozenset[int]:
-    """The base versions named by the bodies of live leases (see `CommitLease.pin_base`). A body
-    that is not a lease of this release names none: it still protects its attempt's files."""
+def leased_bases(bodies: Iterable[bytes], versions: Iterable[int]) -> frozenset[int]:
+    """The base versions named by the bodies of live leases (see `CommitLease.pin_base`). A lease
+    without a base (a commit on the newest version) names none: it protects its attempt's files
+    only. A body that cannot be parsed (damaged, or written by a release this one cannot read) may
+    name any base, so it pins every one of `versions`: no manifest goes while it lives."""
     found = set()
     for body in bodies:
         try:
-            base = json.loads(body).get("base_version")
-        except (ValueError, AttributeError):
-            continue
+            doc = json.loads(body)
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+        except ValueError:
+            return frozenset(versions)
+        base = doc.get("base_version")
         if isinstance(base, int) and not isinstance(base, bool) and base >= 0:
             found.add(base)
     return frozenset(found)
+
+
+def is_lease(path: str) -> bool:
+    """`leases/<token>` itself, not a temporary of its publication."""
+    return _LEASE.match(path) is not None
+
+
+class LeaseUnreadableError(StateStoreError):
+    """A live lease could not be read: what it pins is unknown, so garbage collection deletes nothing."""
+
+    advice = (
+        "Garbage collection deleted nothing this run and tries again at the next maintenance. If this "
+        "repeats, check the permissions of the store's leases/ directory and the health of its storage."
+    )
+
+
+def read_leased_bases(
+    remote: RemoteStore, leases: Iterable[RemoteFile], *, now: float, grace_seconds: float, versions: Iterable[int]
+) -> frozenset[int]:
+    """`leased_bases` of the live leases among `leases` (a listing of leases/). Raises
+    LeaseUnreadableError when a live lease cannot be read (not merely gone): dropping its pin could
+    delete the base its commit is building on."""
+    bodies = []
+    for f in leases:
+        if not is_lease(f.path) or (f.mtime is not None and now - f.mtime > grace_seconds):
+            continue  # a temporary of a publication, or expired: its attempt is dead or will not publish
+        try:
+            bodies.append(remote.read_bytes(f.path).to_pybytes())
+        except CheckpointMissingError:
+            continue  # removed since the listing: its attempt has ended
+        except OSError as e:
+            raise LeaseUnreadableError(
+                f"a live commit lease cannot be read ({e})", store=remote.uri, file=f.path
+            ) from None
+    return leased_bases(bodies, versions)
 
 
 def validate_grace(value: str | float, *, store: str) -> float:
@@ -148,7 +188,7 @@ class CommitLease:
         unprotected)."""
         self.base_version = base_version
         with self._renewing:
-            self.remote.write_bytes(self.path, self._body())
+            self.remote.publish(self.path, self._body())
         with self._lock:
             self._last_renewal = self.clock()
             self._written = True
@@ -165,7 +205,9 @@ class CommitLease:
                 return
             body = self._body()
             try:
-                self.remote.write_bytes(self.path, body)
+                # Published whole (rename or one PUT), never truncated then written: garbage
+                # collection reading it meanwhile sees the old body or the new, never a part.
+                self.remote.publish(self.path, body)
             except OSError as e:
                 log.warning("could not renew lease %s of %s: %s", self.path, self.remote.uri, e)
                 return

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from .. import frames
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
-from ..leases import LEASE_DIR, Clock, CommitLease, leased_bases, validate_grace
+from ..leases import LEASE_DIR, Clock, CommitLease, LeaseUnreadableError, read_leased_bases, validate_grace
 from ..manifest import (
     KEY_ENCODING_RAW,
     KIND_CHANGELOG,
@@ -363,7 +363,9 @@ class StateBackend(abc.ABC):
         only unreferenced files, which the next run (recomputing the same plan) removes. `now` is
         taken before anything is listed, so a lease renewed during the listing is seen as live."""
         plan = self.plan_maintenance(now)
-        for rel in plan.delete_manifests + plan.delete_files:
+        # Snapshot manifests go before the files they name, like version manifests.
+        files = sorted(plan.delete_files, key=lambda rel: not rel.startswith(SNAPSHOT_DIR + "/"))
+        for rel in [*plan.delete_manifests, *files]:
             self.remote.delete(rel)
             self._fault_point("gc:deleted")
         removed_dirs = sum(self.remote.remove_dir_if_empty(d) for d in plan.delete_dirs)
@@ -383,8 +385,21 @@ class StateBackend(abc.ABC):
         leases = self.remote.list_files(LEASE_DIR)
         data_files = [f for d in ("private", "shared", "changelog", SNAPSHOT_DIR) for f in self.remote.list_files(d)]
         attempt_dirs = self.remote.list_dirs("private")
-        pinned = self._leased_bases(leases, now)
+        versions = {v for f in manifests if (v := version_of_manifest(f.path)) is not None}
+        pinned: frozenset[int] = frozenset()
+        plan: RetentionPlan | None = None
+        listing = leases
         while True:
+            try:
+                found = read_leased_bases(
+                    self.remote, listing, now=now, grace_seconds=self.ctx.orphan_grace_seconds, versions=versions
+                )
+            except LeaseUnreadableError as e:
+                log.warning("%s", e)  # what that lease pins is unknown: delete nothing this run
+                return RetentionPlan(None, (), (), ())
+            if plan is not None and found <= pinned:
+                return plan
+            pinned |= found
             refs = self.needs_by_version(manifests, data_files, now=now, pinned=pinned)
             plan = plan_retention(
                 manifests + leases + data_files,
@@ -397,24 +412,7 @@ class StateBackend(abc.ABC):
             )
             # A commit on an older version may have pinned it while this planned: look again right
             # before deleting (the commit checks its base's files once more before it publishes).
-            again = pinned | self._leased_bases(self.remote.list_files(LEASE_DIR), now)
-            if again == pinned:
-                break
-            pinned = again
-        return plan
-
-    def _leased_bases(self, leases: list[RemoteFile], now: float) -> frozenset[int]:
-        """The versions live commit attempts are building on (see `CommitLease.pin_base`)."""
-        grace = self.ctx.orphan_grace_seconds
-        bodies = []
-        for f in leases:
-            if f.mtime is not None and now - f.mtime > grace:
-                continue  # expired: its attempt is dead or will refuse to publish
-            try:
-                bodies.append(self.remote.read_bytes(f.path).to_pybytes())
-            except (OSError, CheckpointMissingError):
-                continue  # removed since the listing: its attempt has ended
-        return leased_bases(bodies)
+            listing = self.remote.list_files(LEASE_DIR)
 
     def _listed_snapshot(self, snap: RemoteFile, m: Manifest, now: float) -> Manifest | None:
         """`read_snapshot` of the listed snapshot file `snap` of `m`, from `parsed` when unchanged."""
