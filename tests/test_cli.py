@@ -6,6 +6,7 @@ it works on a checkpoint served by a local S3 server."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import decimal
 import json
@@ -423,6 +424,34 @@ def test_verify_names_each_kind_of_damage(checkpoints: dict[str, Path], tmp_path
     assert any(victim in (p["file"] or "") and p["store"].endswith("state/0/0") for p in report["problems"]), report
     if how == "flipped":  # without --deep, sizes match: only the checksum tells
         assert CliRunner().invoke(main, ["verify", str(ckpt)]).exit_code == 0
+
+
+@pytest.mark.parametrize("how", ["inline-data", "chain-manifest"])
+def test_verify_walks_changelog_chains_and_reads_data_stored_inside(
+    checkpoints: dict[str, Path], tmp_path: Path, how: str
+) -> None:
+    """A changelog checkpoint: every retained version restores through the chain back to version 1,
+    and small changes are stored inside the manifests. Corrupted inline data (valid base64, wrong
+    bytes) fails `--deep`, naming the manifest; a missing chain manifest fails any verify."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["typed"], ckpt)  # changelog commits, changes inline
+    healthy = CliRunner().invoke(main, ["verify", str(ckpt), "--deep"])
+    assert healthy.exit_code == 0 and "the checkpoint can be restored" in healthy.output, healthy.output
+    store = ckpt / "state" / "0" / "0"
+    victim = store / "manifests" / "2.json"
+    doc = json.loads(victim.read_text())
+    assert doc["kind"] == "changelog" and "data" in doc["changes"], doc
+    if how == "inline-data":
+        data = bytearray(base64.b64decode(doc["changes"]["data"]))
+        data[len(data) // 2] ^= 0x10
+        doc["changes"]["data"] = base64.b64encode(bytes(data)).decode()
+        victim.write_text(json.dumps(doc))
+    else:
+        victim.unlink()
+    done = CliRunner().invoke(main, ["verify", str(ckpt), "--json", "--deep"])
+    assert done.exit_code == 1, done.output
+    problems = json.loads(done.output)["problems"]
+    assert any(p["file"] == "manifests/2.json" and p["store"].endswith("state/0/0") for p in problems), problems
 
 
 def test_verify_lists_unreferenced_files(checkpoints: dict[str, Path], tmp_path: Path) -> None:

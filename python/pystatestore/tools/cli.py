@@ -162,7 +162,11 @@ def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("checkpoint")
-@click.option("--deep", is_flag=True, help="Also read every file and compare its checksum.")
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also read every file and every payload stored inside a manifest or snapshot, and compare its checksum.",
+)
 @click.option(
     "--grace-seconds",
     type=float,
@@ -172,7 +176,9 @@ def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(checkpoint: str, deep: bool, grace_seconds: float, as_json: bool) -> None:
-    """Check that the checkpoint can be restored. Exit status 0 only when it can."""
+    """Check that every retained version can be restored: its changelog chain back to a snapshot,
+    and every file it needs, present with its size (--deep: and its checksum, data stored inside
+    manifests and snapshots included). Exit status 0 only when no problem was found."""
     ckpt = _open(checkpoint)
     with _progress(not as_json) as progress:
         report = verify_checkpoint(ckpt, deep=deep, grace_seconds=grace_seconds, progress=progress)

@@ -4,6 +4,8 @@ collection would delete, and why). Nothing here writes into a checkpoint."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +63,8 @@ def verify_checkpoint(
     progress: Progress = _no_progress,
 ) -> VerifyReport:
     """Every retained manifest parses, validates and belongs to its store; every file it and its
-    chain need exists with its size (and, `deep`, its checksum); the last committed batch's
+    chain need exists with its size (and, `deep`, its checksum, with the data stored inside the
+    chain's manifests and its snapshot checked against theirs); the last committed batch's
     version exists in every store. Files no retained version references are listed (those younger
     than `grace_seconds` apart: they may belong to a commit in flight)."""
     report = VerifyReport()
@@ -124,7 +127,10 @@ def _verify_store(
         except StateStoreError as e:
             report.problems.append(_problem_of(e))
             continue
-        refs = {r.path: r for c in reader.backend.chain_back(m, cache) for r in c.files()}
+        chain = list(reader.backend.chain_back(m, cache))
+        refs = {r.path: r for c in chain for r in c.files()}
+        # (path of the manifest or snapshot, the manifest) whose data stored inside gets checked
+        holders = [(manifest_path(c.version), c) for c in chain]
         snap = snapshots.get((m.version, m.manifest_id)) if m.is_changelog else None
         if snap is not None:
             try:
@@ -134,6 +140,12 @@ def _verify_store(
                 made = None
             if made is not None:
                 refs.update({r.path: r for r in made.files()})
+                holders.append((snap.path, made))
+        if deep:
+            for holder, held in holders:
+                if holder not in checked:
+                    checked.add(holder)
+                    _check_inline(remote.uri, holder, held, report)
         referenced |= needed | set(refs)
         for path, ref in sorted(refs.items()):
             if path in checked:
@@ -181,6 +193,32 @@ def _verify_store(
             continue
         target = report.young_unreferenced if f.mtime is None or now - f.mtime <= grace else report.unreferenced
         target.append(join_uri(remote.uri, path))
+
+
+def _check_inline(store: str, holder: str, m: Manifest, report: VerifyReport) -> None:
+    """The data stored inside a manifest or snapshot (small files, a version's changes) against
+    their sizes and checksums: a restore through it reads them."""
+    inline = [(name, r) for kind in (m.shared, m.private) for name, r in kind.items() if r.inline]
+    if m.changes is not None and m.changes.ref.inline:
+        inline.append(("changes", m.changes.ref))
+    for name, ref in inline:
+        report.files += 1
+        try:
+            content = base64.b64decode(ref.data or "", validate=True)
+        except (binascii.Error, ValueError):
+            content = None
+        report.bytes_checked += len(content or b"")
+        if content is None or len(content) != ref.size or checksum(content) != ref.checksum:
+            report.problems.append(
+                Problem(
+                    store,
+                    m.version,
+                    holder,
+                    f"the data of {name} stored inside it does not match its size and checksum (damaged)",
+                    "Restoring this version fails. Restore the file from a backup, or restart from an earlier "
+                    "retained batch or a new checkpoint location.",
+                )
+            )
 
 
 # -- gc --dry-run ----------------------------------------------------------------------------
