@@ -1,20 +1,23 @@
 """Model-based test of the rocksdb backend and its garbage collection (DESIGN §7), in both commit modes.
 
 Random histories against a dict model: puts and removes (one key or many), commits, aborts, reloads
-of an older version, maintenance, a simulated worker death at any step of a commit (mid-upload,
-mid-restore, mid-replay, mid-local-save included) or of garbage collection, a retry by the same
-instance after a failed commit, and a second instance (another executor) that, in the middle of a
-commit, commits a competing attempt at the same version or runs garbage collection, possibly far
-enough in the future that the first commit's files look abandoned. The L0 compaction trigger is 2,
+of an older version, maintenance, a worker death at any step of a commit (mid-upload, mid-restore,
+mid-replay, mid-local-save included), of garbage collection or of making a snapshot, a retry by the
+same instance after a failed commit, and a second instance (another executor) that, in the middle
+of a commit, commits a competing attempt at the same version or runs garbage collection, possibly
+far enough in the future that the first commit's files look abandoned. A death is real: the worker
+is a child process that `os._exit`s at the point, so no cleanup handler runs and its lease and
+partial files stay behind, as a killed worker's do. The L0 compaction trigger is 2,
 so compactions (which rewrite SSTs and make later versions stop sharing them) happen all the time.
 In changelog mode maintenance makes a snapshot every 2 changelog versions, and a worker may die at
 any step of making one; restores walk chains of changelog versions back to a snapshot.
 
 After every step: every retained version reloads to exactly the model's content from a cold worker,
-and no file a retained version needs (its chain included) is missing; after maintenance past the
-grace period, no file remains that no retained version needs. Retained: the newest version and the
-RETAIN before it, and the version committed last (after a reload of an older version it is below
-them, and the next commit builds on it).
+and the independent referee (tests/referee.py, no code shared with the product) finds every file
+and payload of every manifest intact and every retained version's chain whole; after maintenance
+past the grace period, it finds nothing that no retained version needs. Retained, as the model
+tracks it: the newest version it committed and the RETAIN before it, and the version committed last
+(after a reload of an older version it is below them, and the next commit builds on it).
 
 The CI run uses the "ci" profile; `scripts/model_check.sh` runs 10,000 histories.
 """
@@ -22,25 +25,27 @@ The CI run uses the "ci" profile; `scripts/model_check.sh` runs 10,000 histories
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import referee
 from backend_support import changes, commit, make_backend, state_of
 from pystatestore.store.backends import StateBackend
 from pystatestore.store.backends.rocksdb import RocksDBBackend
 from pystatestore.store.errors import CheckpointDamagedError
 from pystatestore.store.leases import LeaseLostError
-from pystatestore.store.manifest import snapshot_of
-from pystatestore.store.remote import RemoteFile
 
 settings.register_profile(
     "ci", max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
@@ -109,6 +114,7 @@ class SimClock:
 
 
 def crash_at(point: str, after: int = 0):  # noqa: ANN201
+    """A failure at `point` that the process survives (its cleanup handlers run)."""
     seen = {"n": 0}
 
     def hook(name: str) -> None:
@@ -118,6 +124,66 @@ def crash_at(point: str, after: int = 0):  # noqa: ANN201
             seen["n"] += 1
 
     return hook
+
+
+# -- real deaths ------------------------------------------------------------------------------
+DIED = 86  # the exit status of a worker that died at its point
+# Workers that die are children forked from a server that has imported the product but opened no
+# RocksDB (whose thread pools do not survive a fork): fast to start, and as clean as a new worker.
+_WORKERS = multiprocessing.get_context("forkserver")
+_WORKERS.set_forkserver_preload(["backend_support", "pystatestore.store.backends.rocksdb"])
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How a worker opens the store (a fresh local directory of its own)."""
+
+    store_dir: str
+    local_dir: str
+    options: dict[str, str]
+    mode: str
+
+
+def die_at(point: str, after: int = 0) -> Callable[[str], None]:
+    """A death at `point`: the process ends there, with no exception, finally or atexit handler."""
+    seen = {"n": 0}
+
+    def hook(name: str) -> None:
+        if name == point:
+            if seen["n"] >= after:
+                os._exit(DIED)
+            seen["n"] += 1
+
+    return hook
+
+
+def doomed_worker(spec: WorkerSpec, action: str, args: dict[str, Any], point: str, after: int) -> None:
+    """Runs in the child: opens the store as a new worker would and does `action` until it dies at
+    `point` (or completes it, when the action never gets there)."""
+    b = make_backend(
+        "rocksdb",
+        Path(spec.store_dir),
+        Path(spec.local_dir),
+        retain=RETAIN,
+        grace=GRACE,
+        options=spec.options,
+        mode=spec.mode,
+        min_deltas=MIN_DELTAS,
+    )
+    if action == "commit":
+        b.fault_hook = with_settled_compactions(b, die_at(point, after))
+        commit(b, args["base"], args["frame"], args["attempt"], num_keys=args["num_keys"])
+    elif action == "maintenance":
+        b.fault_hook = with_settled_compactions(b, die_at(point, after))
+        run_maintenance(b)
+    elif action == "snapshot":
+        if args["base"] > 0:
+            b.load(args["base"])  # the worker holds the newest version, as the one that committed it
+        b.fault_hook = with_settled_compactions(b, die_at(point, after))
+        job = b.prepare_materialization()
+        if job is not None:
+            b.finish_materialization(job)
+    b.close()
 
 
 def settle_compactions(backend: StateBackend) -> None:
@@ -180,6 +246,7 @@ class BackendModel(RuleBasedStateMachine):
         # The version whose manifest was written last: kept whatever its number, since the next commit
         # builds on it (after a re-run of older batches it is below the newest versions).
         self.last_committed: int | None = None
+        self.newest = 0  # the newest version committed, as the model knows it
         self.base = 0
         self.pending: dict[bytes, bytes | None] = {}
 
@@ -216,6 +283,25 @@ class BackendModel(RuleBasedStateMachine):
     def restart_worker(self) -> None:
         self.backend.close()
         self.backend = self.new_backend()
+
+    def worker_dies(self, action: str, args: dict[str, Any], point: str, after: int = 0) -> bool:
+        """This worker dies at `point` of `action` (a child process that exits there); a new worker
+        takes its place. Returns whether it died (False: the action completed without reaching the
+        point)."""
+        self.backend.close()
+        self.generation += 1
+        spec = WorkerSpec(
+            str(self.store_dir),
+            str(self.root / f"local-{self.generation}"),
+            dict(MODEL_OPTIONS) | self.OPTIONS | {"localRecoveryDir": str(self.root / "recovery")},
+            self.MODE,
+        )
+        worker = _WORKERS.Process(target=doomed_worker, args=(spec, action, args, point, after))
+        worker.start()
+        worker.join(300)
+        assert worker.exitcode in (0, DIED), f"the worker failed otherwise at {action} (exit {worker.exitcode})"
+        self.backend = self.new_backend()
+        return worker.exitcode == DIED
 
     def expected_next(self, pending: dict[bytes, bytes | None] | None = None) -> dict[bytes, bytes]:
         state = dict(self.committed[self.base])
@@ -263,8 +349,9 @@ class BackendModel(RuleBasedStateMachine):
         self.pending = {}
 
     def commit_with_crash(self, point: str) -> bool:
-        """Commits with a crash at `point`; returns whether the version is durable. A commit that
-        never reaches the point (no restore was needed) simply succeeds."""
+        """Commits with a failure at `point` that the worker survives (an upload error, say);
+        returns whether the version is durable. A commit that never reaches the point (no restore
+        was needed) simply succeeds."""
         expected = self.expected_next()
         self.set_fault(crash_at(point))
         try:
@@ -284,8 +371,19 @@ class BackendModel(RuleBasedStateMachine):
     @precondition(lambda self: self.base in self.committed)
     @rule(point=st.sampled_from(COMMIT_POINTS))
     def crash_during_commit(self, point: str) -> None:
-        self.commit_with_crash(point)
-        self.restart_worker()  # the task fails; its retry keeps the same base and changes
+        """The worker dies mid-commit; the task fails, and its retry (on a new worker) keeps the
+        same base and changes."""
+        expected = self.expected_next()
+        args = {
+            "base": self.base,
+            "frame": self.frame(self.pending),
+            "attempt": f"attempt-{self.generation}",
+            "num_keys": len(expected),
+        }
+        if not self.worker_dies("commit", args, point):
+            self.record_commit(expected)  # it never reached the point (no restore was needed)
+        elif COMMIT_POINTS.index(point) >= DURABLE_FROM:
+            self.set_committed(self.base + 1, expected)  # durable, though the task never heard back
 
     @precondition(lambda self: self.base in self.committed)
     @rule(point=st.sampled_from(COMMIT_POINTS))
@@ -366,36 +464,23 @@ class BackendModel(RuleBasedStateMachine):
             self.let_time_pass(GRACE + 1)
         report = run_maintenance(self.backend)
         event(f"maintenance made a snapshot: {report['snapshotMade']}")  # statistics
-        self.forget_below(report["lowestRetained"])
+        self.forget_below(self.lowest_retained())
         if past_grace:
             self.assert_no_unreferenced_files()
 
     @rule(deletions=st.integers(0, 6))
     def crash_during_gc(self, deletions: int) -> None:
         lowest = self.lowest_retained()
-        self.set_fault(crash_at("gc:deleted", after=deletions))
         self.let_time_pass(GRACE + 1)
-        try:
-            run_maintenance(self.backend)
-        except SimulatedCrashError:
-            pass
+        self.worker_dies("maintenance", {}, "gc:deleted", after=deletions)
         self.forget_below(lowest)
-        self.restart_worker()
 
     @precondition(lambda self: self.MODE == "changelog")
     @rule(point=st.sampled_from(MATERIALIZE_POINTS))
     def crash_while_making_a_snapshot(self, point: str) -> None:
         """The worker dies while maintenance makes a snapshot: before, during or after its upload."""
-        self.set_fault(crash_at(point))
-        try:
-            job = self.backend.prepare_materialization()
-            if job is not None:
-                self.backend.finish_materialization(job)
-        except SimulatedCrashError:
-            pass
-        finally:
-            self.set_fault(None)
-        self.restart_worker()
+        base = self.base if self.base in self.committed else 0
+        self.worker_dies("snapshot", {"base": base}, point)
 
     # -- model bookkeeping ----------------------------------------------------------------
     def set_committed(self, version: int, state: dict[bytes, bytes]) -> None:
@@ -405,13 +490,14 @@ class BackendModel(RuleBasedStateMachine):
         self.committed[version] = state
         self.stale.pop(version, None)
         self.last_committed = version
+        self.newest = max(self.newest, version)
         if self.MODE == "changelog":
             for v in [v for v in self.committed if v > version]:
                 self.stale[v] = self.committed.pop(v)
 
     def lowest_retained(self) -> int | None:
-        versions = self.manifest_versions()
-        return max(versions) - RETAIN if versions else None
+        """Spark's rule, from what the model committed (not from the store under test)."""
+        return self.newest - RETAIN if self.newest > 0 else None
 
     def forget_below(self, lowest: int | None) -> None:
         if lowest is None:
@@ -421,53 +507,31 @@ class BackendModel(RuleBasedStateMachine):
         for v in [v for v in self.stale if v < lowest]:
             del self.stale[v]
 
-    def manifest_versions(self) -> list[int]:
-        d = self.store_dir / "manifests"
-        return [int(p.stem) for p in d.glob("*.json")] if d.exists() else []
-
     def is_retained(self, version: int, lowest: int | None) -> bool:
         """Spark's rule (the newest version and the RETAIN before it), and the version committed last."""
         return lowest is not None and (version >= lowest or version == self.last_committed)
 
-    def retained_manifests(self) -> dict[int, dict]:
+    def judged(self, now: float | None = None) -> referee.StoreVerdict:
+        """The referee's verdict on the store, for the versions the model retains. A retained
+        version whose parent attempt was replaced (stale) cannot be restored by design: its chain
+        is not judged."""
         lowest = self.lowest_retained()
-        return {
-            v: json.loads((self.store_dir / "manifests" / f"{v}.json").read_text())
-            for v in self.manifest_versions()
-            if self.is_retained(v, lowest)
-        }
-
-    def data_files(self) -> set[str]:
-        return {
-            str(p.relative_to(self.store_dir))
-            for d in ("shared", "private", "changelog", "snapshots", "leases")
-            for p in (self.store_dir / d).rglob("*")
-            if p.is_file()
-        }
-
-    def needed_by_retained_versions(self) -> set[str]:
-        """Every file the retained versions need, chains included, as garbage collection sees it."""
-        snapshots = {}
-        for p in (self.store_dir / "snapshots").glob("*.json"):
-            key = snapshot_of(p.name)
-            if key is not None:
-                snapshots[key] = RemoteFile(f"snapshots/{p.name}", p.stat().st_size, p.stat().st_mtime)
-        reader = self.new_backend(local_copies=False)
-        try:
-            needed: set[str] = set()
-            for v in self.retained_manifests():
-                if v in self.stale:
-                    continue  # its needs are unknown: GC keeps every data file while it is retained
-                needed |= reader.dependencies(reader.read_manifest(v), snapshots=snapshots, now=time.time())
-            return needed
-        finally:
-            reader.close()
+        required = [v for v in self.committed if v > 0 and self.is_retained(v, lowest)]
+        return referee.judge_store(
+            self.store_dir,
+            min_batches_to_retain=RETAIN,
+            required=required,
+            unrestorable=set(self.stale),
+            now=now,
+            grace_seconds=GRACE,
+        )
 
     def assert_no_unreferenced_files(self) -> None:
-        if any(v in self.stale for v in self.retained_manifests()):
+        lowest = self.lowest_retained()
+        if any(self.is_retained(v, lowest) for v in self.stale):
             return  # GC deletes no data file while a retained version's needs are unknown
-        referenced = {p for p in self.needed_by_retained_versions() if not p.startswith("manifests/")}
-        assert self.data_files() == referenced
+        verdict = self.judged()
+        assert not verdict.orphans, f"left behind: {verdict.orphans}"
         empty_dirs = [p for p in (self.store_dir / "private").glob("*") if p.is_dir() and not any(p.iterdir())]
         assert not empty_dirs, empty_dirs
 
@@ -493,9 +557,8 @@ class BackendModel(RuleBasedStateMachine):
     def retained_manifests_reference_only_existing_files(self) -> None:
         if not hasattr(self, "store_dir") or self.already_checked("files"):
             return
-        present = {str(p.relative_to(self.store_dir)) for p in self.store_dir.rglob("*") if p.is_file()}
-        lost = self.needed_by_retained_versions() - present
-        assert not lost, f"retained versions lost {sorted(lost)}"
+        lost = self.judged().lost
+        assert not lost, f"lost: {lost}"
 
     @invariant()
     def every_retained_version_reloads_exactly(self) -> None:
