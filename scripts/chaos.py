@@ -1,7 +1,16 @@
 """Fault matrix (issue 11): seeded random runs of stateful queries on `local-cluster[2,1,1024]` with
-faults injected, each compared row for row with Spark's HDFS provider on the same input and the
-same stops, then the checkpoint checked: every file of every retained manifest exists with its size
-and checksum, and after garbage collection past the grace nothing unreferenced remains.
+faults injected, each compared with Spark's HDFS provider on the same input and the same stops: the
+output row for row, and the final state of the stateful operator (read with Spark's state data
+source at the last batch and two earlier retained ones). Then the checkpoint is judged by the
+independent referee (tests/referee.py, which shares no code with the product): every retained
+version's chain is whole, every file and every payload stored inside a manifest or snapshot has its
+size and CRC-32, and after garbage collection past the grace nothing unneeded remains.
+
+Every drawn fault must fire: the draw sets up what it needs (changes stored in files for transfer
+faults, restores from the checkpoint for download faults, local copies at every version for faults
+on them), and a run whose drawn fault never happened fails. Half the runs or more draw a small
+`minBatchesToRetain` (2-5) with maintenance every second, and must see garbage collection delete
+versions while they run.
 
     .venv/bin/python scripts/chaos.py [--runs 5] [--seed S] [--run-seed X] [--workdir DIR] [--keep]
 
@@ -11,8 +20,8 @@ event-time timeouts, a stream-stream join), a commit mode, where the query stops
 faults from the menu below. Faults inside the state workers go through the test-only fault seam
 (`PYSTATESTORE_TEST_FAULTS`, set on the executors of the run's own application, never by a conf);
 executor kills are SIGKILLs of the run's own executor JVMs. A failing run prints its seed, its
-faults, and the first differing batch. The last line reads
-`chaos: N/N runs exact, 0 files lost, 0 orphans left`.
+faults, and the first difference. The last line reads
+`chaos: N/N runs exact, state equal, all drawn faults fired, 0 files lost, 0 orphans left`.
 """
 
 from __future__ import annotations
@@ -42,9 +51,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+import referee  # noqa: E402
 from backend_support import open_store  # noqa: E402
-from pystatestore.store.manifest import Manifest, checksum  # noqa: E402
-from pystatestore.store.retention import DATA_DIRS  # noqa: E402
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, start_session, write_input_files  # noqa: E402
 from test_e2e import aggregation, pandas_sessions  # noqa: E402
 
@@ -126,6 +134,8 @@ class Plan:
     # local copies or downloads) instead of finding it still open in a live worker.
     cold_stops: bool = False
     inline_bytes: int | None = None  # 0: every changelog commit and small file is uploaded as a file
+    retain: int | None = None  # minBatchesToRetain, with maintenance every second (None: Spark's 100)
+    local_copy_interval: int | None = None  # 1: a local copy of every version (faults on local copies)
 
     def describe(self) -> str:
         parts = [f"{r['fault']} ({r['action']} at {r['point']}, after {r.get('after', 0)})" for r in self.rules]
@@ -136,6 +146,12 @@ class Plan:
             parts.append("no local recovery")
         if self.tiny_grace:
             parts.append("maintenance-grace-10s")
+        if self.retain is not None:
+            parts.append(f"minBatchesToRetain={self.retain}")
+        if self.inline_bytes == 0:
+            parts.append("changes in files")
+        if self.local_copy_interval is not None:
+            parts.append(f"local copy every {self.local_copy_interval} version(s)")
         stops = ",".join(map(str, self.stops)) or "none"
         if self.stops and self.cold_stops:
             stops += " (executors killed at each stop)"
@@ -173,7 +189,37 @@ def draw(seed: int, tag: str) -> Plan:
     restores_matter = plan.local_copy_damage is not None or any(r["fault"] in RESTORE_FAULTS for r in plan.rules)
     plan.cold_stops = restores_matter or rnd.random() < 0.5
     plan.inline_bytes = rnd.choice([None, 0])
+    plan.retain = rnd.randint(2, 5) if rnd.random() < 0.7 else None
+    make_every_fault_fire(plan)
     return plan
+
+
+def make_every_fault_fire(plan: Plan) -> None:
+    """Sets up what each drawn fault needs to happen: a download, or a replay at a restore, needs
+    the restore to read the checkpoint (no local copies); a fault on restoring from or saving local
+    copies, or damage to them, needs a copy of every version; a transfer fault needs files to
+    transfer (changes and small files are otherwise stored inside manifests)."""
+    if any(r["point"].startswith("download:") or r["point"] == "restore:replayed" for r in plan.rules):
+        plan.local_recovery = False
+    if not plan.local_recovery:
+        # Without local copies a restore downloads: the fault goes where the files come from.
+        for rule in plan.rules:
+            if rule["point"] == "restore:file":
+                rule["point"] = "download:file"
+        plan.rules = [r for r in plan.rules if r["point"] != "local-save:moved"]
+        plan.local_copy_damage = None
+    for rule in plan.rules:
+        point = rule["point"]
+        if point.startswith(("upload:", "download:")) or point == "restore:file":
+            plan.inline_bytes = 0
+        if point in ("restore:file", "local-save:moved"):
+            plan.local_copy_interval = 1
+        if point == "restore:replayed":
+            # Frequent snapshots could leave nothing to replay: the restore would start at the
+            # very version it restores.
+            plan.retain = None
+    if plan.local_copy_damage is not None:
+        plan.local_copy_interval = 1
 
 
 def executor_pids(app_id: str) -> list[int]:
@@ -244,47 +290,87 @@ def run_query(
 class CheckReport:
     stores: int = 0
     manifests: int = 0
-    files_checked: int = 0
+    files_checked: int = 0  # files and payloads stored inside manifests, checked by the referee
+    gc_deleted: int = 0  # versions garbage collection deleted while the query ran (all stores)
     faults_fired: int = 0  # drawn faults that happened (a seam rule fired, an executor was killed)
+    unfired: list[str] = field(default_factory=list)  # drawn faults that never happened
+    state_diff: str | None = None  # the first difference of the final state from the HDFS run's
     lost: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
 
 
-def check_checkpoint(checkpoint: Path, work: Path) -> CheckReport:
-    """Every retained manifest's files exist with their size and checksum; after maintenance past
-    the grace, every data file is one a retained version needs."""
+def committed_batches(checkpoint: Path) -> list[int]:
+    """The batches Spark's commit log of `checkpoint` still holds."""
+    return sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+def check_checkpoint(checkpoint: Path, work: Path, retain: int) -> CheckReport:
+    """Judged by the referee, which shares no code with the product: every version Spark's commit
+    log may still ask for is restorable, every file and payload intact; then, after the product's
+    garbage collection past the grace (as the query's own maintenance would run it), nothing is
+    left that no retained version needs."""
     report = CheckReport()
-    for manifests in sorted((checkpoint / "state").rglob("manifests")):
-        store = manifests.parent
+    batches = committed_batches(checkpoint)
+    newest = batches[-1] + 1
+    required = [b + 1 for b in batches if b + 1 >= newest - retain]
+    later = time.time() + 24 * 3600
+    for store in referee.stores_under(checkpoint / "state"):
         report.stores += 1
-        backend = open_store(store, work / f"check-{report.stores}")
+        present = {int(p.stem) for p in (store / "manifests").glob("*.json") if p.stem.isdigit()}
+        report.gc_deleted += sum(1 for v in range(1, max(present, default=0)) if v not in present)
+        backend = open_store(store, work / f"check-{report.stores}", retain)
         try:
-            backend.maintenance(now=time.time() + 24 * 3600)
-            remote = backend.remote
-            listed = remote.list_files("manifests")
-            data = [f for d in DATA_DIRS for f in remote.list_files(d.rstrip("/"))]
-            needs = backend.needs_by_version(listed, data, now=time.time() + 24 * 3600)
-            needed = {p for refs in needs.values() for p in refs or ()}
-            report.orphans += [f"{store}/{f.path}" for f in data if f.path not in needed]
-            for mf in listed:
-                if not mf.path.endswith(".json") or "/." in mf.path:
-                    continue
-                m = Manifest.from_json(
-                    (store / mf.path).read_bytes(), store=str(store), version=int(Path(mf.path).stem), file=mf.path
-                )
-                report.manifests += 1
-                for ref in m.files():
-                    path = store / ref.path
-                    report.files_checked += 1
-                    if not path.is_file():
-                        report.lost.append(f"{store}/{ref.path} (missing; version {m.version})")
-                        continue
-                    body = path.read_bytes()
-                    if len(body) != ref.size or checksum(body) != ref.checksum:
-                        report.lost.append(f"{store}/{ref.path} (size or checksum differs; version {m.version})")
+            backend.maintenance(now=later)
         finally:
             backend.close()
+        verdict = referee.judge_store(
+            store, min_batches_to_retain=retain, required=required, now=later + 1, in_flight_seconds=0
+        )
+        report.manifests += len(verdict.versions)
+        report.files_checked += verdict.files_checked + verdict.inline_checked
+        report.lost += [f"{store}/{p}" for p in verdict.lost]
+        report.orphans += [f"{store}/{p}" for p in verdict.orphans]
     return report
+
+
+def state_rows(spark: SparkSession, checkpoint: Path, batch: int, options: dict[str, str]) -> list[str]:
+    reader = spark.read.format("statestore").option("batchId", batch)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    df = reader.load(str(checkpoint)).select("key", "value", "partition_id")
+    return sorted(repr(r.asDict(recursive=True)) for r in df.collect())
+
+
+def compare_final_state(plan: Plan, reference: Path, ours: Path) -> str | None:
+    """The stateful operator's state in our checkpoint against the HDFS run's, read by Spark's
+    state data source in a session of its own (no fault seam), at the last batch and two earlier
+    retained ones. Returns the first difference, or None."""
+    last = committed_batches(reference)[-1]
+    if committed_batches(ours)[-1] != last:
+        return f"the last committed batch is {committed_batches(ours)[-1]}, the HDFS run's {last}"
+    retain = plan.retain if plan.retain is not None else 100
+    # Earlier batches both checkpoints still hold: state and offset log (Spark keeps as many entries).
+    batches = [
+        b
+        for b in (last, last - 1, last - 2)
+        if b >= max(0, last - retain) and all((c / "offsets" / str(b)).exists() for c in (reference, ours))
+    ]
+    sides = [{"joinSide": "left"}, {"joinSide": "right"}] if plan.scenario == "stream_join" else [{}]
+    spark = start_session("local[2]", app=f"pystatestore-chaos-state-{plan.seed}")
+    try:
+        for batch in batches:
+            for options in sides:
+                want = state_rows(spark, reference, batch, options)
+                got = state_rows(spark, ours, batch, options)
+                if want != got:
+                    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+                    return (
+                        f"state at batch {batch} {options or ''}: {len(want)} rows in the HDFS run, {len(got)} in "
+                        f"ours; e.g. missing {missing[:1]}, unexpected {extra[:1]}"
+                    )
+    finally:
+        spark.stop()
+    return None
 
 
 def first_difference(expected: dict[int, list[tuple]], actual: dict[int, list[tuple]]) -> str | None:
@@ -322,6 +408,14 @@ def one_run(plan: Plan, run_dir: Path, tag: str) -> tuple[bool, CheckReport, str
     if plan.tiny_grace:
         conf[CONF + "orphanGraceSeconds"] = "10"
         conf["spark.sql.streaming.stateStore.maintenanceInterval"] = "1s"
+    if plan.retain is not None:
+        # Garbage collection deletes versions while the query runs: few retained, snapshots soon
+        # enough to end the old chains, maintenance every second. The HDFS run retains as many.
+        conf["spark.sql.streaming.minBatchesToRetain"] = str(plan.retain)
+        conf["spark.sql.streaming.stateStore.minDeltasForSnapshot"] = "2"
+        conf["spark.sql.streaming.stateStore.maintenanceInterval"] = "1s"
+    if plan.local_copy_interval is not None:
+        conf[CONF + "localRecoveryInterval"] = str(plan.local_copy_interval)
     spark = start_session(MASTER, app=f"pystatestore-chaos-{plan.seed}", **conf)
     notes: list[str] = []
     try:
@@ -360,18 +454,33 @@ def one_run(plan: Plan, run_dir: Path, tag: str) -> tuple[bool, CheckReport, str
     finally:
         spark.stop()
     fired = fired_log.read_text().splitlines() if fired_log.exists() else []
+    unfired: list[str] = []
     for i, rule in enumerate(plan.rules):
         times = sum(1 for line in fired if line.split(" ", 1)[0] == str(i))
         notes.append(f"{rule['fault']} fired {times}x")
-    report = check_checkpoint(run_dir / tag / "ckpt", run_dir / "check")
-    report.faults_fired = sum(1 for n in notes if n.startswith("killed executor")) + sum(
+        if times == 0:
+            unfired.append(f"{rule['fault']} at {rule['point']}")
+    kills = sum(1 for n in notes if n.startswith("killed executor pid"))
+    if kills < len(plan.executor_kills):
+        unfired.append(f"kill-executor ({kills} of {len(plan.executor_kills)} happened)")
+    if plan.local_copy_damage and any(n == "no local copy to damage" for n in notes):
+        unfired.append(f"local-copy-{plan.local_copy_damage} (no local copy at a stop)")
+    retain = plan.retain if plan.retain is not None else 100
+    report = check_checkpoint(run_dir / tag / "ckpt", run_dir / "check", retain)
+    if plan.retain is not None and report.gc_deleted == 0:
+        unfired.append(f"minBatchesToRetain={plan.retain} (garbage collection deleted no version while the query ran)")
+    report.unfired = unfired
+    report.faults_fired = kills + sum(
         1 for i in range(len(plan.rules)) if any(line.split(" ", 1)[0] == str(i) for line in fired)
     )
+    report.state_diff = compare_final_state(plan, run_dir / "ref" / "ckpt", run_dir / tag / "ckpt")
     diff = first_difference(expected, actual)
+    if not any(expected.values()):
+        diff = "the HDFS run's output is empty: the comparison would prove nothing"
     detail = "; ".join(notes)
     if diff:
         detail = f"{diff}; {detail}" if detail else diff
-    return diff is None, report, detail
+    return diff is None and report.state_diff is None and not unfired, report, detail
 
 
 def main() -> int:
@@ -391,7 +500,7 @@ def main() -> int:
         rnd = random.Random(master_seed)
         seeds = [rnd.randrange(2**31) for _ in range(args.runs)]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pss-chaos-"))
-    exact = lost = orphans = drawn = fired = 0
+    exact = lost = orphans = drawn = fired = state_differs = unfired_runs = retention_runs = 0
     for i, seed in enumerate(seeds, 1):
         tag = f"ours-{seed}"  # the fault rules match this run's stores only
         plan = draw(seed, f"/{tag}/")
@@ -402,31 +511,42 @@ def main() -> int:
             ok, report, detail = one_run(plan, run_dir, tag)
         except Exception as e:  # noqa: BLE001 - a run that fails outright is a failed run, not the end
             ok, report, detail = False, CheckReport(), f"run failed: {type(e).__name__}: {str(e)[:500]}"
+            report.state_diff = "not compared (the run failed)"
+        ok = ok and not report.lost and not report.orphans
         exact += ok
         drawn += len(plan.rules) + len(plan.executor_kills)
         fired += report.faults_fired
         lost += len(report.lost)
         orphans += len(report.orphans)
-        verdict = "exact" if ok else "DIFFERS"
+        state_differs += report.state_diff is not None
+        unfired_runs += bool(report.unfired)
+        retention_runs += plan.retain is not None
+        verdict = "exact" if ok else "FAILED"
         print(
             f"run {i}/{len(seeds)} seed {seed}: {verdict}, {report.stores} stores, {report.manifests} manifests and "
-            f"{report.files_checked} files "
-            f"checked, {len(report.lost)} lost, {len(report.orphans)} orphans ({time.monotonic() - started:.0f} s)\n"
+            f"{report.files_checked} files and payloads checked, {len(report.lost)} lost, {len(report.orphans)} "
+            f"orphans, {report.gc_deleted} versions collected while running ({time.monotonic() - started:.0f} s)\n"
             f"  {plan.describe()}" + (f"\n  {detail}" if detail else ""),
             flush=True,
         )
+        if report.state_diff:
+            print(f"  final state differs: {report.state_diff}", flush=True)
+        if report.unfired:
+            print(f"  drawn but never fired: {'; '.join(report.unfired)}", flush=True)
         for problem in report.lost[:5] + report.orphans[:5]:
             print(f"  {problem}", flush=True)
-        if not ok or report.lost or report.orphans:
+        if not ok:
             print(f"  replay: .venv/bin/python scripts/chaos.py --run-seed {seed}", flush=True)
-        if not args.keep and ok and not report.lost and not report.orphans:
+        elif not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     print(
-        f"chaos: worker and executor faults: {fired} of {drawn} drawn happened (a fault at a restore or "
-        "upload needs one to happen); stops, local-copy damage and tiny graces always do"
+        f"chaos: worker and executor faults: {fired} of {drawn} drawn happened; {retention_runs} of {len(seeds)} "
+        "runs retained 2-5 batches; stops, local-copy damage and tiny graces always happen"
     )
-    print(f"chaos: {exact}/{len(seeds)} runs exact, {lost} files lost, {orphans} orphans left")
-    return 0 if exact == len(seeds) and not lost and not orphans else 1
+    state = "state equal" if not state_differs else f"state differs in {state_differs}"
+    faults = "all drawn faults fired" if not unfired_runs else f"drawn faults never fired in {unfired_runs}"
+    print(f"chaos: {exact}/{len(seeds)} runs exact, {state}, {faults}, {lost} files lost, {orphans} orphans left")
+    return 0 if exact == len(seeds) else 1
 
 
 if __name__ == "__main__":
