@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,10 +65,42 @@ def write_growth_inputs(input_dir: Path, per_batch: int, batches: int) -> None:
         write_file(input_dir, b, pa.array(range(b * per_batch, (b + 1) * per_batch), pa.int64()))
 
 
-def write_restart_input(input_dir: Path, per_batch: int, batches: int, rows: int = 10_000) -> None:
+RESTART_ROWS = 10_000
+
+
+def restart_keys(per_batch: int, batches: int, rows: int = RESTART_ROWS) -> tuple[range, range]:
+    """(keys the restart batch counts again, keys it adds): half and half."""
     known = range(0, per_batch * batches, max(1, per_batch * batches // (rows // 2)))[: rows // 2]
-    new = range(per_batch * batches, per_batch * batches + rows // 2)
+    return known, range(per_batch * batches, per_batch * batches + rows // 2)
+
+
+def write_restart_input(input_dir: Path, per_batch: int, batches: int) -> None:
+    known, new = restart_keys(per_batch, batches)
     write_file(input_dir, batches, pa.array([*known, *new], pa.int64()))
+
+
+def check_state(spark: Any, checkpoint: Path, per_batch: int, batches: int) -> dict[str, int]:
+    """Reads every row of the final state back through Spark's state data source and checks each
+    count against the input (not against the query's own metrics): every key of the growth
+    batches counted once, the restart batch's known keys twice, its new keys once."""
+    from pyspark.sql import functions as F
+
+    known, new = restart_keys(per_batch, batches)
+    k, count = F.col("key.k"), F.col("value.count")
+    twice = (k < known.stop) & (k % known.step == 0) & (k < known.step * len(known))
+    expected = F.when(twice, F.lit(2)).otherwise(F.lit(1))
+    row = (
+        spark.read.format("statestore")
+        .load(str(checkpoint))
+        .agg(
+            F.count("*").alias("rows"),
+            F.sum((count != expected).cast("long")).alias("wrong"),
+            F.sum(F.when((k < 0) | (k >= new.stop), 1).otherwise(0)).alias("unknown_keys"),
+            F.countDistinct(k).alias("distinct_keys"),
+        )
+        .collect()[0]
+    )
+    return {name: int(row[name] or 0) for name in ("rows", "wrong", "unknown_keys", "distinct_keys")}
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -230,6 +263,8 @@ def child(args: argparse.Namespace) -> None:
             run(restarted)
             result["restart_ms"] = restarted[0]["durationMs"]["triggerExecution"]
             result["keys_after_restart"] = restarted[0]["stateOperators"][0]["numRowsTotal"]
+            if args.check_state:
+                result["state_check"] = check_state(spark, checkpoint, args.keys_per_batch, args.batches)
             result["completed"] = True
         except Exception as e:  # noqa: BLE001
             result["error"] = f"after the restart: {str(e)[:500]}"
@@ -269,6 +304,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         str(args.partitions),
         f"--driver-java-options={args.driver_java_options}",
         *[f"--conf={c}" for c in args.conf],
+        *(["--check-state"] if args.check_state else []),
     ]
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -296,6 +332,8 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     elif not lines:
         tail = [ln for ln in (err or "").splitlines() if "Exception" in ln or "Error" in ln][-1:]
         result["error"] = f"child exited {proc.returncode}: {tail}"
+    # what the JVM printed (to stdout: HotSpot's tty) as it died, with -XX:+ExitOnOutOfMemoryError
+    result["out_of_memory"] = "java.lang.OutOfMemoryError" in (out or "") + (err or "")
     result["peak_rss"] = sampler.peak
     result["peak_split"] = sampler.peak_split
     result["phase_peaks"] = sampler.phase_peaks
@@ -409,6 +447,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON (for tests)")
+    ap.add_argument(
+        "--check-state",
+        action="store_true",
+        help="after the restart, read every state row back through Spark's state data source and check it "
+        "against the input",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,64 @@ def test_connection_without_the_token_is_refused(worker: tuple, token: str | Non
             intruder.jvm.java.lang.System.getProperty("user.home")
     finally:
         intruder.close()
+    assert w.isUsable(), "a refused intruder must not disturb the worker"
+
+
+def listening_ports_of(pid: int) -> dict[int, set[str]]:
+    """The TCP ports a process listens on, with their local addresses: its socket descriptors'
+    inodes matched in /proc/net/tcp{,6}."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            addr, port_hex = fields[1].rsplit(":", 1)
+            if fields[3] == "0A" and fields[9] in inodes:
+                found.setdefault(int(port_hex, 16), set()).add(addr)
+    return found
+
+
+LOOPBACK_ADDRS = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def test_the_workers_callback_server_listens_on_loopback_only(worker: tuple) -> None:
+    """The worker's callback server serves commit and maintenance (which deletes checkpoint files):
+    it is the worker's only listening socket, and on loopback only."""
+    _, w = worker
+    ports = listening_ports_of(w.pid())
+    assert len(ports) == 1, f"the worker listens on {sorted(ports)}; expected its callback server only"
+    (addrs,) = ports.values()
+    assert addrs <= LOOPBACK_ADDRS, f"the callback server listens beyond loopback: {addrs}"
+
+
+def call_hello(port: int, preamble: bytes) -> bytes:
+    """Sends `preamble`, then a Py4J call of the service's harmless `hello` on the first Python
+    object the worker handed the JVM (its service, p0); returns everything the worker answers
+    before it closes the connection, resets it (closing with our call unread), or 5 s pass."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(preamble + b"c\np0\nhello\ne\n")
+        answer = b""
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return answer
+
+
+@pytest.mark.parametrize("preamble", [b"", b"A\nnot-the-token\ne\n"], ids=["no-token", "wrong-token"])
+def test_the_workers_callback_server_refuses_a_call_without_its_token(worker: tuple, preamble: bytes) -> None:
+    _, w = worker
+    (port,) = listening_ports_of(w.pid())
+    answer = call_hello(port, preamble)
+    assert b"!ys" not in answer, f"the callback server answered a call without its token: {answer!r}"
     assert w.isUsable(), "a refused intruder must not disturb the worker"
 
 
