@@ -92,6 +92,8 @@ def run_child(args: argparse.Namespace) -> None:
     )
     for k, v in confs.items():
         builder = builder.config(k, v)
+    if args.driver_java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", args.driver_java_options)
     # configure_spark adds our jar and names our provider: the run's own provider is set after it
     builder = pystatestore.configure_spark(builder).config("spark.sql.streaming.stateStore.providerClass", provider)
     spark = builder.getOrCreate()
@@ -282,6 +284,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict[str, A
     cmd = [
         sys.executable, __file__, "--child", name, "--input", str(work / "input"), "--checkpoint", str(checkpoint),
         "--progress", str(progress), "--minutes", str(args.minutes), "--partitions", str(args.partitions),
+        f"--driver-java-options={args.driver_java_options}",
     ]  # fmt: skip
     print(f"soak: {name} for {args.minutes} min", file=sys.stderr, flush=True)
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "w"))  # noqa: SIM115
@@ -376,6 +379,13 @@ def main() -> int:
     ap.add_argument("--touched-pct", type=float, default=1.0)
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--providers", default=",".join(RUNS), help=f"which of {', '.join(RUNS)} to run (default: both)")
+    ap.add_argument(
+        "--driver-java-options",
+        default="",
+        help="extra JVM options of each run's driver, e.g. '-Xms1g -XX:+AlwaysPreTouch' to touch the whole heap "
+        "at start, so that RSS growth later is not the heap's",
+    )
     ap.add_argument("--raw", type=Path, help="also write every batch's figures and every sample here (JSON)")
     ap.add_argument(
         "--report-from",
@@ -396,6 +406,10 @@ def main() -> int:
     import pyspark
 
     touched = max(1, int(args.keys * args.touched_pct / 100))
+    providers = [p for p in args.providers.split(",") if p]
+    unknown = sorted(set(providers) - set(RUNS))
+    if unknown or "pss-changelog" not in providers:
+        ap.error(f"--providers must name pss-changelog and only {', '.join(RUNS)} (unknown: {unknown})")
     if args.report_from:
         # Re-render a report from a run's raw figures (e.g. after a change to the report itself).
         raws = json.loads(args.report_from.read_text())
@@ -406,7 +420,7 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="pss-soak-"))
         # More files than the fastest run can take (a batch takes at least ~0.5 s here).
         write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 0.5) + 10)
-        raws = {name: raw_figures(run_provider(name, args, work), args.partitions) for name in RUNS}
+        raws = {name: raw_figures(run_provider(name, args, work), args.partitions) for name in providers}
         if args.raw:
             args.raw.parent.mkdir(parents=True, exist_ok=True)
             args.raw.write_text(json.dumps(raws))
@@ -418,7 +432,9 @@ def main() -> int:
         f"# pystatestore soak bench, {when:%Y-%m-%d %H:%M} UTC{source}",
         f"# command: .venv/bin/python scripts/bench_soak.py --minutes {args.minutes:g} --partitions "
         f"{args.partitions} --keys {args.keys} --touched-pct {args.touched_pct:g}"
-        + (f" --pyspark {args.pyspark}" if args.pyspark else ""),
+        + (f" --pyspark {args.pyspark}" if args.pyspark else "")
+        + (f" --providers {args.providers}" if providers != list(RUNS) else "")
+        + (f" --driver-java-options='{args.driver_java_options}'" if args.driver_java_options else ""),
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"pyspark {pyspark.__version__}, local[2], {args.partitions} partitions; Spark's defaults otherwise "
         "(maintenance every 60 s, minDeltasForSnapshot 10, minBatchesToRetain 100, coordinator on)",
@@ -464,7 +480,7 @@ def main() -> int:
             lines.append(f"  this bench's sampler (not in 'other CPU'): mean {sampler:.2f} cores")
         lines.append("")
     # Goals compare windows of at least half a window's batches: a short tail says little.
-    ours, theirs = ([w for w in table[name] if w["last"] - w["first"] + 1 >= WINDOW / 2] for name in RUNS)
+    ours, theirs = ([w for w in table.get(name, []) if w["last"] - w["first"] + 1 >= WINDOW / 2] for name in RUNS)
     # (text, verdict): True met, False missed, None not measured (too few windows to compare)
     goals: list[tuple[str, bool | None]] = []
     if len(ours) >= 2:
@@ -484,7 +500,15 @@ def main() -> int:
             ("files", "checkpoint files"),
         ):
             g = growth(ours, key)
-            goals.append((f"ours: {label} last window / first steady window {g:.3f}x (goal <= 1.05x)", g <= 1.05))
+            split = ""
+            if key == "rss" and not math.isnan(ours[-1]["jvm_rss"] + ours[1]["jvm_rss"]):
+                # whose memory grew: the JVM's (heap, Spark, our views) or the workers' under it
+                jvm = [ours[i]["jvm_rss"] / 2**20 for i in (1, -1)]
+                rest = [ours[i]["rss"] / 2**20 - jvm[n] for n, i in enumerate((1, -1))]
+                split = f"; the JVM {jvm[0]:.0f} -> {jvm[1]:.0f} MiB, the rest (workers) {rest[0]:.0f} -> {rest[1]:.0f}"
+            goals.append(
+                (f"ours: {label} last window / first steady window {g:.3f}x (goal <= 1.05x){split}", g <= 1.05)
+            )
     else:
         goals.append(
             (f"ours: growth over the run needs two windows of {WINDOW} batches; the run had {len(ours)}", None)
@@ -499,7 +523,7 @@ def main() -> int:
             )
         )
     else:
-        goals.append(("ours vs Spark RocksDB changelog: a provider ran too few batches for a window", None))
+        goals.append(("ours vs Spark RocksDB changelog: not run, or too few batches for a window", None))
     ours_raw = raws["pss-changelog"]
     per_store = list(ours_raw["snapshots_per_store"].values()) or [0]
     due = len(ours_raw["batches"]) / MIN_DELTAS
