@@ -2,7 +2,7 @@
 # The thorough run of the model-based test (tests/test_model.py): 10,000 random histories of up to
 # 40 steps (commits, aborts, reloads, maintenance, simulated crashes, a second instance) against a
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
-# compaction). CI runs 80 histories of 30 steps each.
+# compaction). CI runs 150 histories of 30 steps each.
 #
 # It takes hours (2.2 on an otherwise idle 2-core machine: 450-630 s a chunk, two at a time), more than
 # one working session, so it runs in seeded chunks of MODEL_CHUNK histories (default 1,000; chunk k
