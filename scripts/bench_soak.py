@@ -358,6 +358,12 @@ def raw_figures(run: dict[str, Any], partitions: int) -> dict[str, Any]:
                 "batch_ms": b["durationMs"]["triggerExecution"],
                 "commit_ms": b["stateOperators"][0]["commitTimeMs"] / partitions,
                 "forced": b["stateOperators"][0].get("customMetrics", {}).get("pystatestoreSnapshotsForced", 0),
+                # where our commit's time goes (phases summed over partitions), to find a drift's cause
+                "phases_ms": {
+                    name[len("pystatestore") : -len("Ms")]: value
+                    for name, value in b["stateOperators"][0].get("customMetrics", {}).items()
+                    if name.startswith("pystatestore") and name.endswith("Ms")
+                },
             }
             for b in run["batches"]
         ],
