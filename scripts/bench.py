@@ -3,15 +3,23 @@ changelog checkpointing) and on pystatestore (changelog and snapshot commits), i
 
 Workload: a state of N keys (loaded by the first micro-batch), then B micro-batches each updating
 X% of the keys (random keys, one file per batch through the file source), with Spark's retention
-(minBatchesToRetain=5) and maintenance every 2 s for every provider, as a user runs them. Reports,
+(minBatchesToRetain=5) and maintenance every 2 s for every provider, as a user runs them. Reported
 per provider: the median steady micro-batch time and commit latency (p50 per partition), bytes the
 state store wrote per steady batch (every file that appeared, seen by a watcher), the checkpoint's
-file count and bytes at the end, and the restart batch (median of three: each a new query run on
-the checkpoint with one more input file, its state rebuilt from storage or local copies), with how
-many changelog versions pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
+file count and bytes at the end, and the restart batch (median of three: each a new query in a new
+JVM on the checkpoint with one more input file), with where it restored its state from and how many
+changelog versions pystatestore replayed. Ratios are against pystatestore's default (changelog) mode.
+
+Like with like: every query runs in a JVM of its own (a provider never inherits another's warm JIT,
+page cache of its own files, or loaded state), and with --repeat R the providers run R times in
+rotating order (repeat i starts i providers later), so no provider always goes first or last; the
+report gives the median over repeats and each figure's range. A restart in a new JVM is a driver
+restart on the same host: Spark's providers load from the checkpoint (their local working copies
+live in the dead JVM's temporary directory); pystatestore restores from its local recovery copies
+when they are intact, and the report says how many bytes came from each.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
-                                      [--pyspark 4.1|4.2|4.3]
+                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--out FILE]
 
 --pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
 scripts/build_jar.py, and our jar for it) against that minor's own built-in providers.
@@ -21,16 +29,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,6 +64,14 @@ RUNS = {
     "pss-changelog": (OURS, {PSS + "commitMode": "changelog"}),
     "pss-snapshot": (OURS, {PSS + "commitMode": "snapshot"}),
 }
+# What each run commits, so that no figure is read as another mode's.
+COMMIT_MODE = {
+    "hdfs": "Spark HDFS: a delta file per commit, snapshots by maintenance",
+    "rocksdb": "Spark RocksDB: a full checkpoint (zip + new SST files) per commit",
+    "rocksdb-changelog": "Spark RocksDB, changelogCheckpointing.enabled=true: a changelog file per commit",
+    "pss-changelog": "pystatestore commitMode=changelog (its default): changes per commit, snapshots when due",
+    "pss-snapshot": "pystatestore commitMode=snapshot: an incremental snapshot (new SST files) per commit",
+}
 BREAKDOWN = [
     ("write changes as an SST file (+segment)", "pystatestoreApplyMs"),
     ("ingest it into RocksDB", "pystatestoreFlushMs"),
@@ -63,6 +82,13 @@ BREAKDOWN = [
     ("JVM: write Arrow change frame", "pystatestoreBridgeMs"),
     ("whole commit seen by the task", "pystatestoreCommitMs"),
 ]
+# pystatestore's metrics of a restart batch: where its state came from
+RESTORE_METRICS = {
+    "replayed_versions": "pystatestoreRestoreChangelogVersions",
+    "restore_local_bytes": "pystatestoreRestoreLocalBytes",
+    "restore_remote_bytes": "pystatestoreRestoreRemoteBytes",
+    "restore_remote_files": "pystatestoreRestoreRemoteFiles",
+}
 PARTITIONS = 4
 WARMUP_BATCHES = 3
 RESTARTS = 3
@@ -160,32 +186,90 @@ def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> l
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def run_provider(
-    spark: SparkSession, name: str, input_dir: Path, work: Path, partitions: int = PARTITIONS
-) -> dict[str, float]:
-    provider, confs = RUNS[name]
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-    for key, value in confs.items():
+def query_child(spec_file: Path) -> None:
+    """The child: one query in this JVM, as `spec_file` says; writes its progress reports (batches
+    with input) and Spark's version next to the spec. Lingers after the query so that maintenance
+    catches up, as it would in a running query."""
+    spec = json.loads(spec_file.read_text())
+    spark = bench_session(spec["app"], spec["partitions"], **spec["session_conf"])
+    for key, value in spec["sql_conf"].items():
         spark.conf.set(key, value)
-    checkpoint = work / f"ckpt-{name}"
-    restart_input = work / "input-restart"
-    if restart_input.exists():
-        shutil.rmtree(restart_input)
+    progress = run_aggregation(spark, Path(spec["input"]), Path(spec["checkpoint"]))
+    time.sleep(spec["linger_s"])
+    Path(spec["result"]).write_text(
+        json.dumps({"progress": [json.loads(p.json) for p in progress], "spark": spark.version})
+    )
+    spark.stop()
+
+
+def run_query_in_own_jvm(
+    work: Path,
+    tag: str,
+    sql_conf: dict[str, str],
+    input_dir: Path,
+    checkpoint: Path,
+    *,
+    partitions: int = PARTITIONS,
+    linger_s: float = 0.0,
+    session_conf: dict[str, str] | None = None,
+) -> tuple[list[dict], str]:
+    """Runs the aggregation over everything in `input_dir` with `sql_conf` (the provider class and
+    its confs) in a new driver JVM (a new Python process and its SparkSession); returns the progress
+    reports of batches with input and Spark's version."""
+    spec_file, result = work / f"{tag}.spec.json", work / f"{tag}.result.json"
+    spec = {
+        "app": f"pystatestore-bench-{tag}",
+        "partitions": partitions,
+        "session_conf": session_conf or {},
+        "sql_conf": sql_conf,
+        "input": str(input_dir),
+        "checkpoint": str(checkpoint),
+        "linger_s": linger_s,
+        "result": str(result),
+    }
+    spec_file.write_text(json.dumps(spec))
+    log = work / f"{tag}.log"
+    with open(log, "w") as out:
+        code = subprocess.run(
+            [sys.executable, __file__, "--child", str(spec_file)], stdout=out, stderr=subprocess.STDOUT
+        ).returncode
+    if code != 0 or not result.exists():
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"bench: the {tag} query's JVM failed (exit {code}); the end of its log {log}:\n{tail}")
+    data = json.loads(result.read_text())
+    return data["progress"], data["spark"]
+
+
+def custom_metric(report: dict, key: str, default: float = -1) -> float:
+    return report["stateOperators"][0].get("customMetrics", {}).get(key, default)
+
+
+def run_provider(name: str, input_dir: Path, work: Path, repeat: int, partitions: int = PARTITIONS) -> dict[str, Any]:
+    """One provider's load, steady batches and restarts on a fresh checkpoint, each query in its own JVM."""
+    provider, confs = RUNS[name]
+    tag = f"{name}-r{repeat}"
+    checkpoint = work / f"ckpt-{tag}"
+    restart_input = work / f"input-{tag}"
     shutil.copytree(input_dir, restart_input)
+    # Our local recovery copies for this run only, so that the next run starts without them.
+    local = {PSS + "localRecoveryDir": str(work / f"recovery-{tag}")} if provider == OURS else {}
+    sql_conf = {"spark.sql.streaming.stateStore.providerClass": provider, **confs, **local}
     watcher = FileWatcher(checkpoint / "state")
     watcher.start()
     started = time.time()
     try:
-        progress = run_aggregation(spark, restart_input, checkpoint)
+        progress, spark_version = run_query_in_own_jvm(
+            work, tag, sql_conf, restart_input, checkpoint, partitions=partitions, linger_s=5.0
+        )
     finally:
         watcher.stop()
-    time.sleep(5)  # let maintenance (every 2 s) catch up, as it would in a running query
     files = state_files(checkpoint / "state")
     steady = progress[1 + WARMUP_BATCHES :]
     batch_ms = [p["durationMs"]["triggerExecution"] for p in steady]
     commit_ms = [p["stateOperators"][0]["commitTimeMs"] / partitions for p in steady]
     first_steady = dt.datetime.fromisoformat(steady[0]["timestamp"].replace("Z", "+00:00")).timestamp()
-    result = {
+    result: dict[str, Any] = {
+        "spark": spark_version,
         "batch_ms": statistics.median(batch_ms),
         "commit_ms": statistics.median(commit_ms),
         "bytes_per_batch": watcher.bytes_since(first_steady - 0.5) / len(steady),
@@ -195,28 +279,37 @@ def run_provider(
         "wall_s": time.time() - started,
     }
     if provider == OURS:
-        custom = [p["stateOperators"][0]["customMetrics"] for p in steady]
         for _, key in BREAKDOWN:
-            result[key] = statistics.median(c.get(key, 0) / partitions for c in custom)
-        result["files_uploaded"] = statistics.median(c["pystatestoreFilesUploaded"] for c in custom)
-        result["files_inline"] = statistics.median(c.get("pystatestoreFilesInline", 0) for c in custom)
-    # The restart: a new query run on the same checkpoint (new provider instances, nothing in
-    # memory) processes one more file; its batch rebuilds every partition's state. One restart
-    # batch varied by ±20% between runs, so the report takes the median of RESTARTS of them.
+            result[key] = statistics.median(max(custom_metric(p, key, 0), 0) / partitions for p in steady)
+        result["files_uploaded"] = statistics.median(custom_metric(p, "pystatestoreFilesUploaded", 0) for p in steady)
+        result["files_inline"] = statistics.median(custom_metric(p, "pystatestoreFilesInline", 0) for p in steady)
+    # The restarts: each a new query in a new JVM on the same checkpoint processes one more file; its
+    # first batch rebuilds every partition's state. One restart batch varied by ±20% between runs,
+    # so the report takes the median of RESTARTS of them.
     restarts = []
     for i in range(RESTARTS):
         extra = sorted(input_dir.iterdir())[1 + i]
         target = restart_input / f"batch-restart-{i}.parquet"
         shutil.copy(extra, target)
         os.utime(target, (1_800_000_000 + 10 * i, 1_800_000_000 + 10 * i))
-        restarts.append(run_aggregation(spark, restart_input, checkpoint)[0])
+        first = run_query_in_own_jvm(
+            work, f"{tag}-restart{i}", sql_conf, restart_input, checkpoint, partitions=partitions
+        )[0][0]
+        restarts.append(first)
     result["restart_ms"] = statistics.median(r["durationMs"]["triggerExecution"] for r in restarts)
-    result["replayed_versions"] = statistics.median(
-        r["stateOperators"][0]["customMetrics"].get("pystatestoreRestoreChangelogVersions", -1) for r in restarts
-    )
-    for key in confs:
-        spark.conf.unset(key)
+    for key, metric in RESTORE_METRICS.items():
+        result[key] = statistics.median(custom_metric(r, metric) for r in restarts)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    shutil.rmtree(restart_input, ignore_errors=True)
+    shutil.rmtree(work / f"recovery-{tag}", ignore_errors=True)
     return result
+
+
+def restored_from(name: str, r: dict[str, Any]) -> str:
+    """Where a restart batch's state came from, in a few words."""
+    if RUNS[name][0] != OURS:
+        return "checkpoint (new JVM)"
+    return f"local {r['restore_local_bytes'] / 1024:.0f} KiB, ckpt {r['restore_remote_bytes'] / 1024:.0f} KiB"
 
 
 def build_jar_module():  # noqa: ANN201 - scripts/build_jar.py, loaded by path
@@ -228,56 +321,102 @@ def build_jar_module():  # noqa: ANN201 - scripts/build_jar.py, loaded by path
     return module
 
 
+def median_of_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the repeats of one provider, and (key + '_range') its min and max."""
+    out: dict[str, Any] = {"spark": runs[0]["spark"], "repeats": len(runs)}
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)):
+            values = [r[key] for r in runs]
+            out[key] = statistics.median(values)
+            out[key + "_range"] = (min(values), max(values))
+    return out
+
+
+def spread(r: dict[str, Any], key: str, fmt: str) -> str:
+    low, high = r[key + "_range"]
+    return f"{format(low, fmt)}-{format(high, fmt)}" if r["repeats"] > 1 else "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--touched-pct", type=float, default=1.0)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=PARTITIONS, help="shuffle partitions (Spark's default: 200)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every provider, in rotating order")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        query_child(args.child)
+        return
     if args.pyspark:
         build_jar_module().reexec_under_pyspark(args.pyspark)
     touched = max(1, int(args.keys * args.touched_pct / 100))
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
 
-    spark = bench_session("pystatestore-bench", args.partitions)
-    results = {name: run_provider(spark, name, work / "input", work, args.partitions) for name in RUNS}
-    spark_version = spark.version
-    spark.stop()
+    names = list(RUNS)
+    per_run: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    orders = []
+    for repeat in range(args.repeat):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        orders.append(order)
+        for name in order:
+            print(f"bench: repeat {repeat + 1}/{args.repeat}: {name}", flush=True)
+            per_run[name].append(run_provider(name, work / "input", work, repeat, args.partitions))
     shutil.rmtree(work, ignore_errors=True)
+    results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
+    spark_version = results[names[0]]["spark"]
 
+    command = (
+        f".venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
+        f"--batches {args.batches} --partitions {args.partitions} --repeat {args.repeat}"
+        + (f" --pyspark {args.pyspark}" if args.pyspark else "")
+    )
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"# command: .venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
-        f"--batches {args.batches} --partitions {args.partitions}"
-        + (f" --pyspark {args.pyspark}" if args.pyspark else ""),
+        f"# command: {command}",
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Spark {spark_version}, local[2], {args.partitions} partitions, minBatchesToRetain={RETAIN}, "
         "maintenance every 2 s",
         f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}; then "
-        f"{RESTARTS} restarts (median)",
+        f"{RESTARTS} restarts (median), each a new query in a new JVM",
+        f"# every query in a JVM of its own; {args.repeat} repeats in rotating order ("
+        + "; ".join(", ".join(order) for order in orders)
+        + "); figures are medians over the repeats",
+        "",
+        "runs:",
+        *(f"  {name:<19}{COMMIT_MODE[name]}" for name in names),
         "",
         f"{'run':<19}{'batch ms':>9}{'commit p50':>11}{'written/batch':>15}{'ckpt files':>11}{'ckpt size':>11}"
-        f"{'restart ms':>11}{'replayed':>9}",
+        f"{'restart ms':>11}{'replayed':>9}  restored from",
     ]
     for name, r in results.items():
         replayed = f"{r['replayed_versions']:>9.0f}" if r["replayed_versions"] >= 0 else f"{'-':>9}"
         lines.append(
             f"{name:<19}{r['batch_ms']:>9.0f}{r['commit_ms']:>9.1f}ms{r['bytes_per_batch'] / 1024:>11.1f} KiB"
-            f"{r['checkpoint_files']:>11}{r['checkpoint_bytes'] / 2**20:>7.1f} MiB{r['restart_ms']:>11.0f}{replayed}"
+            f"{r['checkpoint_files']:>11.0f}{r['checkpoint_bytes'] / 2**20:>7.1f} MiB{r['restart_ms']:>11.0f}{replayed}"
+            f"  {restored_from(name, r)}"
         )
     lines += [
         "",
         "(commit p50: per partition per batch; replayed: changelog versions pystatestore replayed on top of",
-        "snapshots to rebuild all partitions in a restart batch; restart ms and replayed: medians of "
-        f"{RESTARTS} restarts)",
+        "snapshots to rebuild all partitions in a restart batch; restart ms, replayed and restored bytes: medians",
+        f"of {RESTARTS} restarts; Spark's providers restore from the checkpoint, their local copies died with",
+        "the JVM; ours from the local recovery copies on this host, and the checkpoint for anything they lack)",
         "",
-        "ratios (ours / built-in; < 1 means ours is lower):",
+        f"range over the {args.repeat} repeats (min-max):",
+        f"{'run':<19}{'batch ms':>14}{'commit p50 ms':>16}{'restart ms':>14}",
     ]
+    for name, r in results.items():
+        lines.append(
+            f"{name:<19}{spread(r, 'batch_ms', '.0f'):>14}{spread(r, 'commit_ms', '.1f'):>16}"
+            f"{spread(r, 'restart_ms', '.0f'):>14}"
+        )
+    lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
     for ours_name in ("pss-changelog", "pss-snapshot"):
         ours = results[ours_name]
         for name in ("hdfs", "rocksdb", "rocksdb-changelog"):

@@ -262,6 +262,11 @@ def child(args: argparse.Namespace) -> None:
             write_restart_input(input_dir, args.keys_per_batch, args.batches)
             run(restarted)
             result["restart_ms"] = restarted[0]["durationMs"]["triggerExecution"]
+            # Where the restart's state came from (ours reports it; Spark's providers load from the
+            # checkpoint: the restarted query's new provider instances start with empty local dirs).
+            restored = restarted[0]["stateOperators"][0].get("customMetrics", {})
+            result["restored_local_bytes"] = restored.get("pystatestoreRestoreLocalBytes")
+            result["restored_remote_bytes"] = restored.get("pystatestoreRestoreRemoteBytes")
             result["keys_after_restart"] = restarted[0]["stateOperators"][0]["numRowsTotal"]
             if args.check_state:
                 result["state_check"] = check_state(spark, checkpoint, args.keys_per_batch, args.batches)
@@ -367,6 +372,9 @@ def median_run(runs: list[dict]) -> dict:
         merged["max_batch_ms"] = max(max(r["batch_ms"]) for r in done if r.get("batch_ms"))
     restarts = [r["restart_ms"] for r in done if r.get("restart_ms")]
     merged["restart_ms"] = statistics.median(restarts) if restarts else None
+    for key in ("restored_local_bytes", "restored_remote_bytes"):
+        values = [r[key] for r in done if r.get(key) is not None]
+        merged[key] = statistics.median(values) if values else None
     errors = [r["error"] for r in runs if r.get("error")]
     if errors:
         merged["error"] = errors[0]
@@ -388,7 +396,8 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
         f"# workload: groupBy(k).count(), {args.keys_per_batch:,} new keys per batch, {args.batches} batches, "
         "then a restart and one batch of 10,000 rows (half known keys)",
         "# memory: peak RSS of the driver JVM and all its descendants (Python workers included), sampled every 100 ms",
-        f"# each provider ran {args.repeat} time(s) in its own JVM; figures are medians over the runs",
+        f"# each provider ran {args.repeat} time(s) in its own JVM, in rotating order; figures: medians over the runs",
+        "# the restart is a new query in the same JVM (the driver keeps running, as after a query failure)",
         "",
         f"{'provider':<15}{'completed':>10}{'keys':>12}{'median batch ms':>17}{'max batch ms':>14}"
         f"{'peak RSS MiB':>14}{'restart batch ms':>18}",
@@ -413,6 +422,15 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
                     f"  {r['provider']} peak RSS in the {described} (MiB): {phases[phase] / 2**20:,.0f}"
                     + (f" ({parts})" if parts else "")
                 )
+        if r.get("restart_ms"):
+            if r.get("restored_local_bytes") is not None:
+                where = (
+                    f"{r['restored_local_bytes'] / 2**20:,.1f} MiB from its local recovery copies, "
+                    f"{(r.get('restored_remote_bytes') or 0) / 2**20:,.1f} MiB from the checkpoint"
+                )
+            else:
+                where = "the checkpoint (new provider instances of the restarted query, nothing local)"
+            lines.append(f"  {r['provider']} restart restored its state from: {where}")
         if r.get("error"):
             lines.append(f"  {r['provider']} failed after {len(batches)} batches: {r['error'][:300]}")
     base = next((r for r in results if r["provider"] == BASELINE), None)
@@ -468,14 +486,15 @@ def main() -> None:
         build_jar.reexec_under_pyspark(args.pyspark)  # the children inherit its PYTHONPATH
     command = "python scripts/bench_scale.py " + " ".join(sys.argv[1:])
     work = Path(tempfile.mkdtemp(prefix="pss-bench-scale-"))
-    results = []
+    results: list[dict] = []
     try:
-        for name in args.providers.split(","):
-            runs = []
-            for i in range(args.repeat):
+        names = args.providers.split(",")
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for i in range(args.repeat):  # rotating order: no provider always runs first
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 print(f"bench_scale: running {name} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
-                runs.append(run_provider(name, args, work))
-            results.append(median_run(runs))
+                runs[name].append(run_provider(name, args, work))
+        results = [median_run(runs[name]) for name in names]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = report(results, args, command)

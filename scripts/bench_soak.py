@@ -55,6 +55,10 @@ WINDOW = int(os.environ.get("PSS_SOAK_WINDOW", "100"))  # batches
 MIN_PARTIAL = 10  # batches a trailing partial window needs to be reported
 MIN_DELTAS = 10  # Spark's default minDeltasForSnapshot
 SAMPLE_S = 5.0
+# A measurement setting, not a tuning: a JVM's RSS grows as its heap is first touched, over minutes
+# (both providers' JVMs grew by ~300 MiB around minute 10 of a 30-minute run); touching the whole
+# heap (Spark's default spark.driver.memory) at start leaves growth that is the run's own.
+TOUCH_HEAP = "-Xms1g -XX:+AlwaysPreTouch"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Other work on the machine, in cores, above which a window's timings are marked as disturbed.
 OTHER_CPU_LIMIT = 0.1
@@ -342,6 +346,40 @@ def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# Our commit's phases (custom metrics, summed over partitions in the progress), in the report's words.
+PHASES = [
+    ("worker", "WorkerCommit"),
+    ("apply", "Apply"),
+    ("ingest", "Flush"),
+    ("checkpoint", "Checkpoint"),
+    ("manifest", "Manifest"),
+    ("upload", "Upload"),
+    ("bridge", "Bridge"),
+]
+
+
+def commit_phases(raw: dict[str, Any], partitions: int) -> list[str]:
+    """Where our commit's time went, per window (medians per partition): a commit p50 that moves
+    between windows is traced to a phase. Empty for Spark's provider and runs that kept no phases."""
+    batches = raw["batches"]
+    if not any(b.get("phases_ms") for b in batches):
+        return []
+    lines = [
+        "  our commit's phases per window (median per partition, ms):",
+        f"  {'batches':<12}" + "".join(f"{label:>11}" for label, _ in PHASES),
+    ]
+    for i in range(0, len(batches), WINDOW):
+        chunk = batches[i : i + WINDOW]
+        if len(chunk) < min(WINDOW, MIN_PARTIAL):
+            continue
+        figures = "".join(
+            f"{statistics.median(b.get('phases_ms', {}).get(key, 0) for b in chunk) / partitions:>11.2f}"
+            for _, key in PHASES
+        )
+        lines.append(f"  {chunk[0]['id']:>5}-{str(chunk[-1]['id']) + ('*' if len(chunk) < WINDOW else ''):<6}{figures}")
+    return lines
+
+
 def mean_known(values: Iterable[float]) -> float:
     """The mean of the values that are known (not NaN); NaN when none is."""
     known = [v for v in values if not math.isnan(v)]
@@ -388,9 +426,9 @@ def main() -> int:
     ap.add_argument("--providers", default=",".join(RUNS), help=f"which of {', '.join(RUNS)} to run (default: both)")
     ap.add_argument(
         "--driver-java-options",
-        default="",
-        help="extra JVM options of each run's driver, e.g. '-Xms1g -XX:+AlwaysPreTouch' to touch the whole heap "
-        "at start, so that RSS growth later is not the heap's",
+        default=TOUCH_HEAP,
+        help=f"extra JVM options of each run's driver (default {TOUCH_HEAP!r}: the whole heap, Spark's default 1 GiB, "
+        "is touched at start, so that RSS growth later is not the heap warming up; '' for none)",
     )
     ap.add_argument("--raw", type=Path, help="also write every batch's figures and every sample here (JSON)")
     ap.add_argument(
@@ -481,6 +519,7 @@ def main() -> int:
             f"max {per_store[-1]} over {len(per_store)} stores; {versions} versions / minDeltasForSnapshot "
             f"{MIN_DELTAS} = {versions / MIN_DELTAS:.1f}"
         )
+        lines += commit_phases(raw, args.partitions)
         sampler = mean_known(w["sampler"] for w in ws)
         if not math.isnan(sampler):  # counted apart since 2026-11-26 16:20
             lines.append(f"  this bench's sampler (not in 'other CPU'): mean {sampler:.2f} cores")
