@@ -88,6 +88,7 @@ RESTORE_METRICS = {
     "restore_local_bytes": "pystatestoreRestoreLocalBytes",
     "restore_remote_bytes": "pystatestoreRestoreRemoteBytes",
     "restore_remote_files": "pystatestoreRestoreRemoteFiles",
+    "restore_worker_ms": "pystatestoreRestoreMs",
 }
 PARTITIONS = 4
 WARMUP_BATCHES = 3
@@ -309,7 +310,10 @@ def restored_from(name: str, r: dict[str, Any]) -> str:
     """Where a restart batch's state came from, in a few words."""
     if RUNS[name][0] != OURS:
         return "checkpoint (new JVM)"
-    return f"local {r['restore_local_bytes'] / 1024:.0f} KiB, ckpt {r['restore_remote_bytes'] / 1024:.0f} KiB"
+    return (
+        f"local {r['restore_local_bytes'] / 1024:.0f} KiB, ckpt {r['restore_remote_bytes'] / 1024:.0f} KiB, "
+        f"worker {r['restore_worker_ms']:.0f} ms"
+    )
 
 
 def build_jar_module():  # noqa: ANN201 - scripts/build_jar.py, loaded by path
@@ -361,7 +365,9 @@ def main() -> None:
     per_run: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     orders = []
     for repeat in range(args.repeat):
-        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        # offsets spread over the list (5 runs, 3 repeats: 0, 1, 3), so each run goes early and late
+        offset = repeat * len(names) // args.repeat
+        order = names[offset:] + names[:offset]
         orders.append(order)
         for name in order:
             print(f"bench: repeat {repeat + 1}/{args.repeat}: {name}", flush=True)
@@ -406,7 +412,9 @@ def main() -> None:
         "(commit p50: per partition per batch; replayed: changelog versions pystatestore replayed on top of",
         "snapshots to rebuild all partitions in a restart batch; restart ms, replayed and restored bytes: medians",
         f"of {RESTARTS} restarts; Spark's providers restore from the checkpoint, their local copies died with",
-        "the JVM; ours from the local recovery copies on this host, and the checkpoint for anything they lack)",
+        "the JVM; ours from the local recovery copies on this host, and the checkpoint for anything they lack;",
+        "worker: the time our workers spent restoring, all partitions together; the rest of a restart batch is",
+        "a new JVM's first batch)",
         "",
         f"range over the {args.repeat} repeats (min-max):",
         f"{'run':<19}{'batch ms':>14}{'commit p50 ms':>16}{'restart ms':>14}",

@@ -154,13 +154,21 @@ def scale_file(minor: str) -> Path:
 
 def method(run: AggregationRun) -> str:
     if run.own_jvms:
-        return f"each query in a JVM of its own, {run.repeats} repeats in rotating order (medians)"
-    return "every provider in one JVM in a fixed order, ours last (an older run)"
+        return (
+            f"each query in a JVM of its own, {run.repeats} repeats in rotating order (medians); a restart is a new "
+            "driver JVM on the same host, where Spark's providers load from the checkpoint"
+        )
+    return "every provider in one JVM in a fixed order, ours last, restarts in that JVM (an older run)"
 
 
 def restored_note(run: AggregationRun) -> str:
-    ours = run.rows["pss-changelog"].get("restored")
-    return f"ours restored {ours}" if ours else "where ours restored from is not in this file"
+    where = re.match(
+        r"local (\d+) KiB, ckpt (\d+) KiB(?:, worker (\d+) ms)?", run.rows["pss-changelog"].get("restored", "")
+    )
+    if where is None:
+        return "where ours restored from is not in this file"
+    worker = f" in {where[3]} ms of worker time" if where[3] else ""
+    return f"ours read {where[1]} KiB from its local copies and {where[2]} KiB from the checkpoint{worker}"
 
 
 # -- the blocks -------------------------------------------------------------------------------------
@@ -189,9 +197,9 @@ def summary_block() -> str:
     )
     lines += [
         "",
-        f"Method: {method(small)}. The restart batch is a new driver JVM on the same host: Spark's providers load "
-        f"from the checkpoint, ours from its local recovery copies ({restored_note(small)} at 4 partitions; "
-        f"{restored_note(large)} at 200). "
+        f"Method: {method(small)}"
+        + (f"; at 200 partitions: {method(large)}" if method(large) != method(small) else "")
+        + f". Restarts: {restored_note(small)} at 4 partitions; {restored_note(large)} at 200. "
         f"From `bench/{rel(small.path, BENCH)}` ({small.date}), `bench/{rel(large.path, BENCH)}` ({large.date}) and "
         f"`bench/{rel(scale.path, BENCH)}` ({scale.date}).",
     ]
