@@ -172,29 +172,36 @@ def restored_note(run: AggregationRun) -> str:
 
 
 # -- the blocks -------------------------------------------------------------------------------------
+def md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+RATIO_COLUMNS = ["batch", "commit", "written", "files", "bytes", "restart"]
+
+
 def summary_block() -> str:
     """README.md: ours against Spark's RocksDB provider (both commit modes) on 4.3."""
     small, large = read_aggregation(aggregation_file("4.3")), read_aggregation(aggregation_file("4.3", 200))
     scale = read_scale(scale_file("4.3"))
-    lines = [
-        "| workload (Spark 4.3) | ours vs | batch time | commit p50 | written per batch | checkpoint bytes "
-        "| restart batch | peak RSS |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for label, run in (
         ("aggregation, 100k keys, 1% updated per batch, 4 partitions", small),
         ("the same at Spark's default 200 partitions", large),
     ):
         for i, base in enumerate(("rocksdb", "rocksdb-changelog")):
             r = run.ratios[("pss-changelog", base)]
-            lines.append(
-                f"| {label if i == 0 else ''} | {BASELINES[base]} | {r['batch']} | {r['commit']} | {r['written']} "
-                f"| {r['bytes']} | {r['restart']} | |"
-            )
-    lines.append(
-        f"| 8M keys in a 1 GiB driver heap, 4 partitions | Spark RocksDB | {scale.ratios['median batch']} | | | "
-        f"| {scale.ratios['restart batch']} | {scale.ratios['peak RSS']} |"
+            figures = [r[k] for k in ("batch", "commit", "written", "bytes", "restart")]
+            rows.append([label if i == 0 else "", BASELINES[base], *figures, ""])
+    rows.append(
+        ["8M keys in a 1 GiB driver heap, 4 partitions", "Spark RocksDB", scale.ratios["median batch"], "", "", ""]
+        + [scale.ratios["restart batch"], scale.ratios["peak RSS"]]
     )
+    columns = ["workload (Spark 4.3)", "ours vs", "batch time", "commit p50", "written per batch"]
+    lines = md_table([*columns, "checkpoint bytes", "restart batch", "peak RSS"], rows)
     lines += [
         "",
         f"Method: {method(small)}"
@@ -209,17 +216,13 @@ def summary_block() -> str:
 def aggregation_minors_block() -> str:
     """bench/README.md: ours (changelog) against each built-in provider on every minor, 4 partitions."""
     runs = {minor: read_aggregation(aggregation_file(minor)) for minor in MINORS}
-    lines = [
-        "| ours vs | Spark | batch | commit p50 | written/batch | ckpt files | ckpt bytes | restart |",
-        "|---|---|---|---|---|---|---|---|",
+    rows = [
+        [label if i == 0 else "", minor, *(run.ratios[("pss-changelog", base)][k] for k in RATIO_COLUMNS)]
+        for base, label in BASELINES.items()
+        for i, (minor, run) in enumerate(runs.items())
     ]
-    for base, label in BASELINES.items():
-        for i, (minor, run) in enumerate(runs.items()):
-            r = run.ratios[("pss-changelog", base)]
-            lines.append(
-                f"| {label if i == 0 else ''} | {minor} | {r['batch']} | {r['commit']} | {r['written']} | {r['files']} "
-                f"| {r['bytes']} | {r['restart']} |"
-            )
+    columns = ["batch", "commit p50", "written/batch", "ckpt files", "ckpt bytes", "restart"]
+    lines = md_table(["ours vs", "Spark", *columns], rows)
     lines.append("")
     for minor, run in runs.items():
         ours, theirs = run.rows["pss-changelog"], run.rows["rocksdb"]
@@ -237,16 +240,10 @@ def aggregation_minors_block() -> str:
 def aggregation_200_block() -> str:
     """bench/README.md: the same workload at Spark's default 200 partitions, on 4.3."""
     run = read_aggregation(aggregation_file("4.3", 200))
-    lines = [
-        "| ours vs | batch | commit p50 | written/batch | ckpt files | ckpt bytes | restart |",
-        "|---|---|---|---|---|---|---|",
+    rows = [
+        [label, *(run.ratios[("pss-changelog", base)][k] for k in RATIO_COLUMNS)] for base, label in BASELINES.items()
     ]
-    for base, label in BASELINES.items():
-        r = run.ratios[("pss-changelog", base)]
-        lines.append(
-            f"| {label} | {r['batch']} | {r['commit']} | {r['written']} | {r['files']} | {r['bytes']} "
-            f"| {r['restart']} |"
-        )
+    lines = md_table(["ours vs", "batch", "commit p50", "written/batch", "ckpt files", "ckpt bytes", "restart"], rows)
     ours = run.rows["pss-changelog"]
     lines += [
         "",
@@ -260,18 +257,19 @@ def aggregation_200_block() -> str:
 def scale_block() -> str:
     """bench/README.md: state larger than the heap, every minor."""
     runs = {minor: read_scale(scale_file(minor)) for minor in MINORS}
-    lines = [
-        "| Spark | peak RSS (ours vs Spark RocksDB) | median batch | restart batch |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for minor, run in runs.items():
         ours, theirs = run.rows["pss-rocksdb"], run.rows["spark-rocksdb"]
         # columns: completed, keys, median batch ms, max batch ms, peak RSS MiB, restart batch ms
-        lines.append(
-            f"| {minor} | {run.ratios['peak RSS']} ({ours[4]} vs {theirs[4]} MiB) "
-            f"| {run.ratios['median batch']} ({ours[2]} vs {theirs[2]} ms) "
-            f"| {run.ratios['restart batch']} ({ours[5]} vs {theirs[5]} ms) |"
+        rows.append(
+            [
+                minor,
+                f"{run.ratios['peak RSS']} ({ours[4]} vs {theirs[4]} MiB)",
+                f"{run.ratios['median batch']} ({ours[2]} vs {theirs[2]} ms)",
+                f"{run.ratios['restart batch']} ({ours[5]} vs {theirs[5]} ms)",
+            ]
         )
+    lines = md_table(["Spark", "peak RSS (ours vs Spark RocksDB)", "median batch", "restart batch"], rows)
     lines.append("")
     for minor, run in runs.items():
         done = all(row[0] == "yes" for row in run.rows.values())
