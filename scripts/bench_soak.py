@@ -285,10 +285,12 @@ class Sampler(threading.Thread):
 
 def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     checkpoint, progress = work / f"ckpt-{name}", work / f"progress-{name}.jsonl"
+    gc_log = work / f"gc-{name}.log"
     cmd = [
         sys.executable, __file__, "--child", name, "--input", str(work / "input"), "--checkpoint", str(checkpoint),
         "--progress", str(progress), "--minutes", str(args.minutes), "--partitions", str(args.partitions),
-        f"--driver-java-options={args.driver_java_options}",
+        # the JVM's GC log, for the live heap (after each collection) and GC pauses per window
+        f"--driver-java-options={args.driver_java_options} -Xlog:gc:file={gc_log}:utctime".strip(),
     ]  # fmt: skip
     print(f"soak: {name} for {args.minutes} min", file=sys.stderr, flush=True)
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "w"))  # noqa: SIM115
@@ -305,7 +307,26 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict[str, A
         raise SystemExit(f"{name}: exit code {code}; log tail:\n{(work / f'{name}.log').read_text()[-3000:]}")
     batches = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
     batches = [b for b in batches if b.get("numInputRows", 0) > 0]
-    return {"batches": batches, "samples": sampler.samples, "snapshots": sampler.snapshots}
+    return {"batches": batches, "samples": sampler.samples, "snapshots": sampler.snapshots, "gc": gc_events(gc_log)}
+
+
+GC_LINE = re.compile(r"^\[([^\]]+)\]\[info\]\[gc\] GC\(\d+\) Pause (\w+).*?(?:\d+M->(\d+)M\(\d+M\) )?([\d.]+)ms$")
+
+
+def gc_events(log: Path) -> list[list[float]]:
+    """[wall time, heap after the collection in MiB (young collections; NaN otherwise), pause ms] of
+    every pause in a JVM's GC log (-Xlog:gc with utctime)."""
+    events: list[list[float]] = []
+    if not log.exists():
+        return events
+    for line in log.read_text(errors="replace").splitlines():
+        m = GC_LINE.match(line)
+        if m is None:
+            continue
+        when = dt.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+        after = float(m[3]) if m[2] == "Young" and m[3] else math.nan
+        events.append([when, after, float(m[4])])
+    return events
 
 
 def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -340,6 +361,12 @@ def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "bytes": statistics.median(s["bytes"] for s in inside),
                 "forced": sum(b["forced"] for b in chunk),
                 "other": mean_known(s.get("other", math.nan) for s in inside),
+                # the live heap (median after young collections) and GC pauses, from the GC log
+                "heap": median_known(e[1] for e in raw.get("gc", []) if start <= e[0] <= end),
+                "gc_ms_per_min": sum(e[2] for e in raw.get("gc", []) if start <= e[0] <= end)
+                / max((end - start) / 60, 1e-9)
+                if raw.get("gc")
+                else math.nan,
                 "sampler": mean_known(s.get("sampler", math.nan) for s in inside),
             }
         )
@@ -380,6 +407,12 @@ def commit_phases(raw: dict[str, Any], partitions: int) -> list[str]:
     return lines
 
 
+def median_known(values: Iterable[float]) -> float:
+    """The median of the values that are known (not NaN); NaN when none is."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.median(known) if known else math.nan
+
+
 def mean_known(values: Iterable[float]) -> float:
     """The mean of the values that are known (not NaN); NaN when none is."""
     known = [v for v in values if not math.isnan(v)]
@@ -407,6 +440,7 @@ def raw_figures(run: dict[str, Any], partitions: int) -> dict[str, Any]:
         ],
         "samples": run["samples"],
         "snapshots_per_store": {store: len(files) for store, files in run["snapshots"].items()},
+        "gc": run.get("gc", []),
     }
 
 
@@ -498,7 +532,7 @@ def main() -> int:
         lines.append(f"{name}: {len(raw['batches'])} batches")
         lines.append(
             f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'JVM':>10}{'fds':>6}{'threads':>8}"
-            f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}{'other CPU':>10}"
+            f"{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}{'other CPU':>10}{'heap':>9}{'GC/min':>8}"
         )
         for w in ws:
             # runs before 2026-11-26 17:00 did not sample the JVM's part
@@ -509,6 +543,7 @@ def main() -> int:
                 f"{w['rss'] / 2**20:>6.0f} MiB{jvm:>10}{w['fds']:>6}{w['threads']:>8}"
                 f"{w['files']:>11}{w['bytes'] / 2**20:>9.1f}"
                 f"{w['forced']:>7}{w['other']:>9.2f}c"
+                + ("" if math.isnan(w["heap"]) else f"{w['heap']:>5.0f} MiB{w['gc_ms_per_min']:>6.0f}ms")
             )
         if any(w["partial"] for w in ws):
             lines.append(f"  * a partial window: the run ended before {WINDOW} more batches")
