@@ -290,7 +290,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict[str, A
         sys.executable, __file__, "--child", name, "--input", str(work / "input"), "--checkpoint", str(checkpoint),
         "--progress", str(progress), "--minutes", str(args.minutes), "--partitions", str(args.partitions),
         # the JVM's GC log, for the live heap (after each collection) and GC pauses per window
-        f"--driver-java-options={args.driver_java_options} -Xlog:gc:file={gc_log}:utctime".strip(),
+        f"--driver-java-options={args.driver_java_options} -Xlog:gc:file={gc_log}:utctime,level,tags".strip(),
     ]  # fmt: skip
     print(f"soak: {name} for {args.minutes} min", file=sys.stderr, flush=True)
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "w"))  # noqa: SIM115
@@ -315,7 +315,7 @@ GC_LINE = re.compile(r"^\[([^\]]+)\]\[info\]\[gc\] GC\(\d+\) Pause (\w+).*?(?:\d
 
 def gc_events(log: Path) -> list[list[float]]:
     """[wall time, heap after the collection in MiB (young collections; NaN otherwise), pause ms] of
-    every pause in a JVM's GC log (-Xlog:gc with utctime)."""
+    every pause in a JVM's GC log (-Xlog:gc with the utctime, level and tags decorators)."""
     events: list[list[float]] = []
     if not log.exists():
         return events
@@ -523,7 +523,7 @@ def main() -> int:
         "(sampled every 5 s), and the "
         "mean CPU the rest of the machine (less this bench's sampler) used, in cores "
         f"(above {OTHER_CPU_LIMIT:g}, other work competed "
-        "with the run)",
+        "with the run); heap: the JVM's live heap (median after young collections), GC/min: its GC pauses per minute",
         "",
     ]
     table: dict[str, list[dict[str, Any]]] = {}
