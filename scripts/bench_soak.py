@@ -354,11 +354,12 @@ def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 # the JVM's share at the sample of the window's peak: heap growth or our workers?
                 "jvm_rss": max(inside, key=lambda s: s["rss"]).get("jvm_rss", math.nan),
                 "fds": max(s["fds"] for s in inside),
-                # Threads: the median sample. Spark's cached pools start threads for a burst and end
-                # them after 60 s idle, so the window's peak jumps by tens while the count stays level;
-                # a leak lifts every sample, the median with them. The peak is shown beside it.
-                "threads": statistics.median(s["threads"] for s in inside),
-                "threads_peak": max(s["threads"] for s in inside),
+                # Threads: the window's peak, judged by the goal. Spark's cached pools start threads
+                # for a burst and end them after 60 s idle, so samples swing by up to a hundred; the
+                # median then depends on where the samples fall (4.2 run: 251-307 per window while
+                # the peak stayed 315-325). The median is shown beside the peak.
+                "threads": max(s["threads"] for s in inside),
+                "threads_median": statistics.median(s["threads"] for s in inside),
                 # The checkpoint grows between maintenance runs (a minute's versions) and shrinks at
                 # each: the median of the window's samples, not the one at its end, says whether it grows.
                 "files": statistics.median(s["files"] for s in inside),
@@ -523,7 +524,7 @@ def main() -> int:
         f"# workload: a streaming aggregation over {args.keys} keys (all in the first batch), {touched} keys "
         f"updated per batch; each provider's query runs {args.minutes:g} min in its own JVM",
         "# per window of 100 batches: commit p50 per partition, median batch, peak RSS (and the JVM's part of it) "
-        "/ descriptors of the JVM and all processes under it, their threads (median sample; peak beside it), "
+        "/ descriptors of the JVM and all processes under it, their threads (peak; the median sample beside it), "
         "median checkpoint files and bytes "
         "(sampled every 5 s), and the "
         "mean CPU the rest of the machine (less this bench's sampler) used, in cores "
@@ -537,7 +538,7 @@ def main() -> int:
         lines.append(f"{name}: {len(raw['batches'])} batches")
         lines.append(
             f"  {'batches':<12}{'min':>6}{'commit p50':>12}{'batch':>9}{'RSS':>10}{'JVM':>10}{'fds':>6}"
-            f"{'threads':>8}{'peak':>5}{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}"
+            f"{'threads':>8}{'med':>5}{'ckpt files':>11}{'ckpt MiB':>9}{'forced':>7}"
             f"{'other CPU':>10}{'heap':>9}{'GC/min':>8}"
         )
         for w in ws:
@@ -547,7 +548,7 @@ def main() -> int:
                 f"  {w['first']:>5}-{str(w['last']) + ('*' if w['partial'] else ''):<6}{w['minutes']:>6.1f}"
                 f"{w['commit_ms']:>10.1f}ms{w['batch_ms']:>7.0f}ms"
                 f"{w['rss'] / 2**20:>6.0f} MiB{jvm:>10}{w['fds']:>6}"
-                f"{w['threads']:>8.0f}{w.get('threads_peak', w['threads']):>5}"
+                f"{w['threads']:>8}{w.get('threads_median', w['threads']):>5.0f}"
                 f"{w['files']:>11.0f}{w['bytes'] / 2**20:>9.1f}"
                 f"{w['forced']:>7}{w['other']:>9.2f}c"
                 + ("" if math.isnan(w["heap"]) else f"{w['heap']:>5.0f} MiB{w['gc_ms_per_min']:>6.0f}ms")
