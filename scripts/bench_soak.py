@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +342,7 @@ def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
         ts = [dt.datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() for b in chunk]
         start, end = ts[0], ts[-1] + chunk[-1]["batch_ms"] / 1000
         inside = [s for s in samples if start <= s["t"] <= end] or [min(samples, key=lambda s: abs(s["t"] - end))]
+        pauses = [e for e in raw.get("gc", []) if start <= e[0] <= end]
         out.append(
             {
                 "first": chunk[0]["id"],
@@ -365,14 +366,13 @@ def windows(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "files": statistics.median(s["files"] for s in inside),
                 "bytes": statistics.median(s["bytes"] for s in inside),
                 "forced": sum(b["forced"] for b in chunk),
-                "other": mean_known(s.get("other", math.nan) for s in inside),
+                "other": of_known(statistics.mean, (s.get("other", math.nan) for s in inside)),
                 # the live heap (median after young collections) and GC pauses, from the GC log
-                "heap": median_known(e[1] for e in raw.get("gc", []) if start <= e[0] <= end),
-                "gc_ms_per_min": sum(e[2] for e in raw.get("gc", []) if start <= e[0] <= end)
-                / max((end - start) / 60, 1e-9)
+                "heap": of_known(statistics.median, (e[1] for e in pauses)),
+                "gc_ms_per_min": sum(e[2] for e in pauses) / max((end - start) / 60, 1e-9)
                 if raw.get("gc")
                 else math.nan,
-                "sampler": mean_known(s.get("sampler", math.nan) for s in inside),
+                "sampler": of_known(statistics.mean, (s.get("sampler", math.nan) for s in inside)),
             }
         )
     return out
@@ -412,16 +412,10 @@ def commit_phases(raw: dict[str, Any], partitions: int) -> list[str]:
     return lines
 
 
-def median_known(values: Iterable[float]) -> float:
-    """The median of the values that are known (not NaN); NaN when none is."""
+def of_known(stat: Callable[[list[float]], float], values: Iterable[float]) -> float:
+    """`stat` (statistics.mean, median) of the values that are known (not NaN); NaN when none is."""
     known = [v for v in values if not math.isnan(v)]
-    return statistics.median(known) if known else math.nan
-
-
-def mean_known(values: Iterable[float]) -> float:
-    """The mean of the values that are known (not NaN); NaN when none is."""
-    known = [v for v in values if not math.isnan(v)]
-    return statistics.mean(known) if known else math.nan
+    return stat(known) if known else math.nan
 
 
 def raw_figures(run: dict[str, Any], partitions: int) -> dict[str, Any]:
@@ -548,7 +542,7 @@ def main() -> int:
                 f"  {w['first']:>5}-{str(w['last']) + ('*' if w['partial'] else ''):<6}{w['minutes']:>6.1f}"
                 f"{w['commit_ms']:>10.1f}ms{w['batch_ms']:>7.0f}ms"
                 f"{w['rss'] / 2**20:>6.0f} MiB{jvm:>10}{w['fds']:>6}"
-                f"{w['threads']:>8}{w.get('threads_median', w['threads']):>5.0f}"
+                f"{w['threads']:>8}{w['threads_median']:>5.0f}"
                 f"{w['files']:>11.0f}{w['bytes'] / 2**20:>9.1f}"
                 f"{w['forced']:>7}{w['other']:>9.2f}c"
                 + ("" if math.isnan(w["heap"]) else f"{w['heap']:>5.0f} MiB{w['gc_ms_per_min']:>6.0f}ms")
@@ -563,7 +557,7 @@ def main() -> int:
             f"{MIN_DELTAS} = {versions / MIN_DELTAS:.1f}"
         )
         lines += commit_phases(raw, args.partitions)
-        sampler = mean_known(w["sampler"] for w in ws)
+        sampler = of_known(statistics.mean, (w["sampler"] for w in ws))
         if not math.isnan(sampler):  # counted apart since 2026-11-26 16:20
             lines.append(f"  this bench's sampler (not in 'other CPU'): mean {sampler:.2f} cores")
         lines.append("")
