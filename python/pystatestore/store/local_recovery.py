@@ -25,6 +25,7 @@ its name gives the version and attempt and its size and checksum match that vers
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -324,6 +325,30 @@ class LocalRecoveryStore:
         for v, mid, path in self._kept_changes():
             if v == version and mid != manifest_id:
                 path.unlink(missing_ok=True)
+
+    def forget_later_versions(self, version: int) -> None:
+        """Forgets copies and kept changes of versions after `version`, which the store has just
+        committed: they belong to a history it left (the checkpoint deleted and the query started
+        again at the same path, or rolled back to an earlier batch), so no restore of this history
+        can use them, and left in place their higher versions would outrank this history's copies
+        whenever copies are pruned. A straggling attempt of an older version (a speculative task
+        not yet killed) may remove a newer copy: that costs a restore a download, never a wrong
+        state, since every local file is checked against its manifest. Reads names only (this runs
+        on every commit) and never raises."""
+        if not self.enabled:
+            return
+        try:
+            entries = list(os.scandir(self.dir))
+        except OSError:
+            return  # no copies yet, or none readable: nothing to forget
+        for entry in entries:
+            later, _, _ = entry.name.partition("-")
+            if later.isdigit() and int(later) > version and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        for v, _, path in self._kept_changes():
+            if v > version:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
 
     # -- the changes of changelog versions --------------------------------------------------
     def save_changes(self, version: int, manifest_id: str, segment: Path, *, drop_through: int) -> SaveResult:

@@ -105,6 +105,8 @@ def commit_under(
         metrics["manifestMs"] = elapsed_ms(t)
         b._fault_point("commit:manifest-written")
         copies = b.local_copies
+        if copies is not None:
+            copies.forget_later_versions(version)
         if copies is not None and local_copy_due(b, version, manifest):
             known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
             saved = copies.save(version, manifest.manifest_id, checkpoint_dir, known)

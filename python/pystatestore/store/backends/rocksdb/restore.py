@@ -41,6 +41,7 @@ class Restore:
     replayed_bytes: int = 0
     inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
     inline_bytes: int = 0  # segments read from inside manifests (which come from the checkpoint)
+    started_from: str = "an empty DB"  # for the log: where the state came from before replay
 
     def downloaded(self, stats: TransferStats) -> None:
         self.remote = TransferStats(self.remote.files + stats.files, self.remote.bytes + stats.bytes)
@@ -101,6 +102,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
                 raise
             break
         if db.holds(m):
+            restore.started_from = f"the local DB at version {m.version}"
             passed_over = None
             break  # the local DB is a version this chain passes through: replay the rest
         copy = (
@@ -143,11 +145,25 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
         )
     db.set_version(target.version, target)
     restore.metrics.update(restore.cost(started))
+    if restore.remote.files:
+        # Operators ask why a restart on the same host read the checkpoint: say which versions did.
+        log.info(
+            "store %s restored version %d reading %d file(s), %d bytes from the checkpoint "
+            "(started from %s; replayed %d version(s); local copies of versions %s)",
+            b.ctx.store_dir,
+            target.version,
+            restore.remote.files,
+            restore.remote.bytes,
+            restore.started_from,
+            len(replay),
+            sorted(copies) or "none",
+        )
     return target, restore.metrics
 
 
 def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore) -> None:
     """The local DB from `snapshot`: its files, or its whole state as one segment (compact)."""
+    restore.started_from = f"snapshot {snapshot.version} ({snapshot.manifest_id})"
     if snapshot.changes is not None:
         restore_compact_snapshot(b, snapshot, restore)
         return
@@ -215,6 +231,7 @@ def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], res
         raise
     restore.local_files += files
     restore.local_bytes += size
+    restore.started_from = f"the local copy of version {m.version}"
     # The copy's files carry the names of the lineage that wrote it: a snapshot of that version
     # lists them; for a changelog version nothing says which snapshot's files they are.
     b.db.ancestor = None if m.is_changelog else m
