@@ -3,8 +3,9 @@
 # installed wheel:
 #   - the whole suite (unit, model-based, JVM contract, end-to-end on local[2] and
 #     local-cluster[2,1,1024], faults, security) on the default Spark minor (what pip gives);
-#   - the contract suite, the end-to-end suite and the coordinator test (on local-cluster[2,1,1024]
-#     only: local[2] runs the same provider code in one JVM), the GC test and the offline reader's
+#   - the contract suite, the end-to-end suite, the coordinator test and the same-host restart
+#     test (on local-cluster[2,1,1024] only: local[2] runs the same provider code in one JVM), the
+#     GC test and the offline reader's
 #     comparison with Spark's state reader on every other supported minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
 # Extra arguments go to the default minor's pytest. Ends with one line that totals every run.
@@ -34,6 +35,7 @@ OTHER_MINOR_TESTS=(
   tests/test_contract.py
   tests/test_e2e.py
   tests/test_coordinator.py
+  "tests/test_local_recovery_spark.py::test_a_same_host_restart_reads_no_data_from_the_checkpoint"
   "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
 )
