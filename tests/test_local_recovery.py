@@ -229,6 +229,22 @@ def test_a_symlinked_recovery_dir_is_never_used(tmp_path: Path) -> None:
     assert state_of(b, 3) == expected
 
 
+def test_a_commit_never_forgets_copies_through_a_symbolic_link(tmp_path: Path) -> None:
+    """A commit forgets copies of later versions: never in a directory a symbolic link leads to."""
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    commit_versions(store, tmp_path / "w1", rec, n=3)
+    (key_dir,) = (rec / "v1").iterdir()
+    outside = tmp_path / "outside"
+    (outside / "9-someone").mkdir(parents=True)
+    (outside / "changes").mkdir()
+    (outside / "changes" / "9-someone.changes").write_bytes(b"x")
+    shutil.rmtree(key_dir)
+    os.symlink(outside, key_dir)
+    b = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecoveryDir": str(rec)})
+    commit(b, 0, changes(BIG), "t1-again")
+    assert (outside / "9-someone").is_dir() and (outside / "changes" / "9-someone.changes").is_file()
+
+
 @pytest.mark.parametrize("field", ["store", "version", "manifestId"])
 def test_a_copy_whose_marker_does_not_describe_it_is_ignored(tmp_path: Path, field: str) -> None:
     rec = tmp_path / "rec"

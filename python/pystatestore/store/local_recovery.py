@@ -338,9 +338,11 @@ class LocalRecoveryStore:
         if not self.enabled:
             return
         try:
+            for d in (self.root, self.root / LAYOUT, self.dir):  # never through a link or someone else's
+                make_private_dir(d, create=False)
             entries = list(os.scandir(self.dir))
         except OSError:
-            return  # no copies yet, or none readable: nothing to forget
+            return  # no copies yet, or not a directory of ours: nothing to forget
         for entry in entries:
             later, _, _ = entry.name.partition("-")
             if later.isdigit() and int(later) > version and entry.is_dir(follow_symlinks=False):
