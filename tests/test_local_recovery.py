@@ -229,6 +229,40 @@ def test_a_symlinked_recovery_dir_is_never_used(tmp_path: Path) -> None:
     assert state_of(b, 3) == expected
 
 
+def test_a_copy_that_lost_a_file_its_marker_never_listed_is_dropped_not_fatal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy pruned by another instance while it was saved can lose files before its marker is
+    written, so the marker vouches for what is left: a restore must fall back to the checkpoint
+    (and not fail every retry on this host the same way)."""
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    expected = commit_versions(store, tmp_path / "w1", rec, n=3)
+    marker_path = max(rec.rglob(MARKER), key=lambda m: int(m.parent.name.split("-")[0]))
+    marker = json.loads(marker_path.read_text())
+    lost = next(name for name in marker["files"] if name.endswith(".sst"))
+    (marker_path.parent / lost).unlink()
+    del marker["files"][lost]
+    marker_path.write_text(json.dumps(marker))
+    with caplog.at_level(logging.WARNING, logger="pystatestore.rocksdb"):
+        b, result = restore(store, tmp_path / "w2", rec, 3)
+    assert state_of(b, 3) == expected, result.metrics  # from an older copy or the checkpoint
+    assert not marker_path.parent.exists()  # dropped, so a retry does not meet it again
+    assert any("does not open" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_names_that_only_look_like_versions_never_fail_a_commit(tmp_path: Path) -> None:
+    """`str.isdigit` accepts '²', which `int` refuses: such a name beside the copies must not fail a
+    commit that is already durable."""
+    store, rec = tmp_path / "store", tmp_path / "rec"
+    commit_versions(store, tmp_path / "w1", rec, n=3)
+    (key_dir,) = (rec / "v1").iterdir()
+    (key_dir / "\u00b2-x").mkdir()
+    (key_dir / "changes").mkdir(mode=0o700, exist_ok=True)
+    (key_dir / "changes" / "\u00b2-x.changes").write_bytes(b"x")
+    b = make_backend("rocksdb", store, tmp_path / "w2", options={"localRecoveryDir": str(rec)})
+    commit(b, 0, changes(BIG), "t1-again")
+
+
 def test_a_commit_never_forgets_copies_through_a_symbolic_link(tmp_path: Path) -> None:
     """A commit forgets copies of later versions: never in a directory a symbolic link leads to."""
     store, rec = tmp_path / "store", tmp_path / "rec"

@@ -68,6 +68,13 @@ class SaveResult:
     bytes_copied: int = 0  # bytes that could not be hard-linked (another filesystem) and were copied
 
 
+def version_prefix(name: str) -> int | None:
+    """The version a copy's or kept segment's name starts with (`<version>-...`), or None: ASCII
+    digits only, since `str.isdigit` also accepts characters `int` refuses."""
+    version, sep, _ = name.partition("-")
+    return int(version) if sep and version.isascii() and version.isdigit() else None
+
+
 def store_key(store_dir: str) -> str:
     return hashlib.sha256(store_dir.encode()).hexdigest()[:24]
 
@@ -245,9 +252,9 @@ class LocalRecoveryStore:
             return []
         found = []
         for d in self.dir.iterdir():
-            version, _, manifest_id = d.name.partition("-")
-            if d.is_dir() and not d.is_symlink() and version.isdigit() and self._marker_matches(d, int(version)):
-                found.append(LocalCopy(int(version), manifest_id, d))
+            version = version_prefix(d.name)
+            if version is not None and d.is_dir() and not d.is_symlink() and self._marker_matches(d, version):
+                found.append(LocalCopy(version, d.name.partition("-")[2], d))
         return sorted(found, key=lambda c: c.version, reverse=True)
 
     def _marker_matches(self, copy_dir: Path, version: int) -> bool:
@@ -312,9 +319,14 @@ class LocalRecoveryStore:
             complete = sorted(complete, key=lambda c: c.version, reverse=True)
         keep = {c.path for c in complete[:keep_newest] if c.manifest_id not in drop_manifest_ids}
         for d in self.dir.iterdir():
-            version, _, _ = d.name.partition("-")
-            if d.is_dir() and version.isdigit() and d not in keep:
+            if version_prefix(d.name) is not None and d.is_dir() and d not in keep:
                 shutil.rmtree(d, ignore_errors=True)
+
+    def discard(self, version: int, manifest_id: str) -> None:
+        """Forgets the copy of this version and attempt (one found unusable)."""
+        for c in self.copies():
+            if c.version == version and c.manifest_id == manifest_id:
+                shutil.rmtree(c.path, ignore_errors=True)
 
     def drop_superseded(self, version: int, manifest_id: str) -> None:
         """Forgets copies (and kept changes) of `version` made by an attempt whose manifest another
@@ -344,8 +356,8 @@ class LocalRecoveryStore:
         except OSError:
             return  # no copies yet, or not a directory of ours: nothing to forget
         for entry in entries:
-            later, _, _ = entry.name.partition("-")
-            if later.isdigit() and int(later) > version and entry.is_dir(follow_symlinks=False):
+            later = version_prefix(entry.name)
+            if later is not None and later > version and entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
         for v, _, path in self._kept_changes():
             if v > version:
@@ -432,15 +444,16 @@ class LocalRecoveryStore:
         """(version, manifest id, path) of every kept segment (none if the directory is not ours)."""
         changes = self.dir / CHANGES_DIR
         try:
-            make_private_dir(changes, create=False)
+            for d in (self.root, self.root / LAYOUT, self.dir, changes):  # never through a link
+                make_private_dir(d, create=False)
             entries = list(changes.iterdir())
         except OSError:
             return []
         out = []
         for path in entries:
-            version, _, rest = path.name.partition("-")
-            if version.isdigit() and rest.endswith(CHANGES_SUFFIX) and not path.is_symlink():
-                out.append((int(version), rest[: -len(CHANGES_SUFFIX)], path))
+            version, rest = version_prefix(path.name), path.name.partition("-")[2]
+            if version is not None and rest.endswith(CHANGES_SUFFIX) and not path.is_symlink():
+                out.append((version, rest[: -len(CHANGES_SUFFIX)], path))
         return out
 
 

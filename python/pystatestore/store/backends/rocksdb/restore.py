@@ -225,7 +225,23 @@ def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], res
                 return False
             files, size = files + 1, size + dst.stat().st_size
             b._fault_point("restore:file")
-        b.db.open(db_dir, m.version, m)
+        try:
+            b.db.open(db_dir, m.version, m)
+        except CheckpointDamagedError as e:
+            # Every file the marker lists matched, yet they do not open: the copy lost files its
+            # marker never listed (pruned by another instance while it was saved). Never fatal,
+            # and never again: the copy goes and the checkpoint serves this restore.
+            log.warning(
+                "local recovery copy of store %s version %d does not open as a database (%s); removing it "
+                "and restoring from the checkpoint instead",
+                b.ctx.store_dir,
+                m.version,
+                e,
+            )
+            shutil.rmtree(db_dir, ignore_errors=True)
+            assert b.local_copies is not None
+            b.local_copies.discard(m.version, m.manifest_id)
+            return False
     except BaseException:
         shutil.rmtree(db_dir, ignore_errors=True)
         raise
