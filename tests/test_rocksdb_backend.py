@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import referee
-from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
+from backend_support import MODES, changes, commit, make_backend, materialize_if_due, read_view, state_of
 from pystatestore.store import changelog, frames
 from pystatestore.store.backends.rocksdb import replay as rocksdb_replay
 from pystatestore.store.backends.rocksdb.replay import newest_change_per_key
@@ -547,3 +547,31 @@ def test_parsed_manifests_match_only_the_very_file_listed() -> None:
     assert len(cache) == 1, "a file of unknown age was stored"
     cache.keep_only(set())
     assert cache.get(RemoteFile("manifests/1.json", 10, now - 5)) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_commit_on_an_empty_base_is_a_version_that_needs_no_earlier_one(
+    store_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    """A state rewrite (migrate, repartition) writes a store's whole state as version 8 of a store
+    that has no version before it: the version must restore alone, and a later commit build on it."""
+    b = make_backend("rocksdb", store_dir, tmp_path, mode=mode)
+    state = {f"k{i}".encode(): f"v{i}".encode() for i in range(300)}
+    view = tmp_path / "views" / "rewrite"
+    result = b.commit(7, changes(state), "rewrite", None, num_keys=len(state), view_dir=str(view), empty_base=True)
+    assert result.version == 8 and result.snapshot and read_view(view) == state
+    doc = manifest(store_dir, 8)
+    assert doc["kind"] == "snapshot" and sorted(p.name for p in (store_dir / "manifests").iterdir()) == ["8.json"]
+    commit(b, 8, changes({b"k1": b"changed"}, [b"k2"]), "next")
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", mode=mode)
+    assert state_of(cold, 8) == state
+    assert state_of(cold, 9) == {k: v for k, v in state.items() if k != b"k2"} | {b"k1": b"changed"}
+    verdict = referee.judge_store(store_dir, required=[8, 9])
+    assert not verdict.lost and not verdict.orphans, verdict
+
+
+def test_the_memory_backend_commits_on_an_empty_base_too(store_dir: Path, tmp_path: Path) -> None:
+    b = make_backend("memory", store_dir, tmp_path)
+    commit(b, 0, changes({b"old": b"1"}), "t1")
+    b.commit(4, changes({b"new": b"2"}), "rewrite", None, num_keys=1, empty_base=True)
+    assert state_of(make_backend("memory", store_dir, tmp_path / "cold"), 5) == {b"new": b"2"}

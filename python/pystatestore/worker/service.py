@@ -211,9 +211,11 @@ class StoreService:
         num_keys: int,
         view_dir: str,
         force_snapshot: bool = False,
+        empty_base: bool = False,
     ) -> str:
         """Makes `base_version + 1` durable from the change frame; with `force_snapshot` (Spark
-        4.2's forceSnapshotOnCommit) it also has a snapshot before the call returns."""
+        4.2's forceSnapshotOnCommit) it also has a snapshot before the call returns; with
+        `empty_base` (Spark's loadEmpty) the frame is the whole new state."""
 
         def run() -> dict[str, Any]:
             started = time.perf_counter()
@@ -229,6 +231,7 @@ class StoreService:
                     str(base_manifest_id),
                     num_keys=int(num_keys) if int(num_keys) >= 0 else None,
                     view_dir=view_dir or None,
+                    empty_base=bool(empty_base),
                 )
             snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
             # The chain since the last snapshot is minDeltasForSnapshot long: the JVM asks for the

@@ -44,14 +44,19 @@ object Since42Scenarios {
       fresh.close(); p.close()
     }
 
-    scenario("load_empty_is_refused_naming_the_store_and_what_needs_it") {
-      val p = provider(newDir())
-      commitVersion(p, 0, Map("a" -> 1))
-      val e = expectThrows[Throwable]("loadEmpty")(p.getStore(1, None, forceSnapshotOnCommit = false, loadEmpty = true))
-      check(e.isInstanceOf[SparkThrowable], s"loadEmpty error is not a Spark error: $e")
-      val m = messages(e)
-      check(m.contains("loadEmpty") && m.contains("repartition") && m.contains(storePath(p)), s"loadEmpty error: $m")
-      p.close()
+    scenario("load_empty_writes_a_version_that_needs_no_earlier_one") {
+      val dir = newDir()
+      val p = provider(dir)
+      val s = p.getStore(7, None, forceSnapshotOnCommit = false, loadEmpty = true)
+      check(contents(s).isEmpty, s"an empty store at version 7 reads empty: ${contents(s)}")
+      s.put(key("a"), value(1))
+      s.put(key("b"), value(2))
+      check(s.commit() == 8, "the commit on an empty version 7 is version 8")
+      commitVersion(p, 8, Map("c" -> 3))
+      val fresh = provider(dir)
+      check(contents(fresh.getStore(8)) == Map(("a", 0) -> 1, ("b", 0) -> 2), s"version 8 alone: ${contents(fresh.getStore(8))}")
+      check(contents(fresh.getStore(9)) == Map(("a", 0) -> 1, ("b", 0) -> 2, ("c", 0) -> 3), "version 9 on it")
+      fresh.close(); p.close()
     }
 
     scenario("multi_get_sees_the_buffer_and_the_base") {

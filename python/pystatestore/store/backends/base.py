@@ -102,12 +102,16 @@ class StateBackend(abc.ABC):
         *,
         num_keys: int | None = None,
         view_dir: str | None = None,
+        empty_base: bool = False,
     ) -> CommitResult:
         """Makes `base_version + 1` durable. `base_manifest_id`, when given, is the attempt at the
         base version the caller computed the changes on; a commit on a base another attempt has
         since replaced raises BaseVersionReplacedError. `num_keys` is the new version's key count
         as the caller (the JVM, which saw whether each key existed) computed it; view backends
-        need it and also leave the new version's read view at `view_dir`."""
+        need it and also leave the new version's read view at `view_dir`. With `empty_base` the
+        changes apply to an empty state, whatever the store holds at `base_version`, and the new
+        version is a snapshot that needs no earlier version (Spark's `loadEmpty`: a state rewrite
+        writes a store's whole state as one version)."""
 
     def check_base(self, version: int, actual: str, expected: str | None) -> None:
         if expected is not None and expected != actual:

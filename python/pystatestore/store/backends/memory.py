@@ -103,14 +103,18 @@ class MemoryBackend(StateBackend):
         *,
         num_keys: int | None = None,
         view_dir: str | None = None,
+        empty_base: bool = False,
     ) -> CommitResult:
         version = base_version + 1
         timed: dict[str, int] = {}  # the manifest's commit_ms, as the rocksdb backend records it
         started = time.perf_counter()
-        base, read, base_id = self._state(base_version, current=True)
+        if empty_base:
+            base, read = {}, 0
+        else:
+            base, read, base_id = self._state(base_version, current=True)
+            self.check_base(base_version, base_id, base_manifest_id)
         if read:
             timed["restoreMs"] = elapsed_ms(started)
-        self.check_base(base_version, base_id, base_manifest_id)
         started = time.perf_counter()
         state = dict(base)  # the base stays intact for retries of this version
         frames.apply_changes(state, changes)

@@ -113,6 +113,7 @@ class RocksDBBackend(StateBackend):
         *,
         num_keys: int | None = None,
         view_dir: str | None = None,
+        empty_base: bool = False,
     ) -> CommitResult:
         version = base_version + 1
         if num_keys is None or num_keys < 0:
@@ -123,12 +124,21 @@ class RocksDBBackend(StateBackend):
             else self.work_dir / f"ckpt-{version}-{uuid.uuid4().hex[:8]}"
         )
         with self.commit_attempt(version) as lease:
-            if base_version > 0 and self.remote.exists(manifest_path(version)):
+            if base_version > 0 and not empty_base and self.remote.exists(manifest_path(version)):
                 # Spark re-runs an older batch (or retries one that was durable): the base may already
                 # be below the retained versions, so keep GC off it while this attempt runs.
                 lease.pin_base(base_version)
             return commit_phase.commit_under(
-                self, lease, base_version, changes, attempt_id, base_manifest_id, num_keys, checkpoint_dir, view_dir
+                self,
+                lease,
+                base_version,
+                changes,
+                attempt_id,
+                base_manifest_id,
+                num_keys,
+                checkpoint_dir,
+                view_dir,
+                empty_base=empty_base,
             )
 
     # -- snapshots and maintenance ------------------------------------------------------------

@@ -39,16 +39,23 @@ def commit_under(
     num_keys: int,
     checkpoint_dir: Path,
     view_dir: str | None,
+    *,
+    empty_base: bool = False,
 ) -> CommitResult:
     """The commit of version `base_version + 1` under the attempt's lease (see RocksDBBackend.commit)."""
     version = base_version + 1
     db = b.db
-    base, load_cost = ensure_at(b, base_version)
-    b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
+    if empty_base:
+        # Nothing of base_version is read: the version written is a snapshot of the changes alone.
+        base, load_cost = ensure_at(b, 0)
+    else:
+        base, load_cost = ensure_at(b, base_version)
+        b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
     assert db.db is not None
     db.forget_version()  # from here on the local DB equals no manifest until this commit succeeds
     metrics: dict[str, int] = {**load_cost}
-    changelog_mode = b.config.mode == "changelog"
+    # A version on an empty base must end its own chain: changelog manifests need their base.
+    changelog_mode = b.config.mode == "changelog" and not empty_base
     segment_path = db.work_dir / f"segment-{version}-{uuid.uuid4().hex[:8]}" if changelog_mode else None
 
     t = time.perf_counter()

@@ -188,10 +188,15 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   }
 
   /**
-   * Spark 4.2's `loadEmpty` (an empty store at a version, for offline repartitioning) is refused:
-   * the repartitioning that asks for it reads state only through Spark's RocksDB provider.
+   * An empty write store at `version` whose commit writes `version + 1` as a whole state that needs
+   * no earlier version (Spark 4.2's `loadEmpty`; on every minor, `pystatestore migrate` and
+   * `repartition` write a store's state this way). Nothing of `version` is loaded: it may not exist.
    */
-  protected def refuseLoadEmpty(version: Long): Nothing = throw StoreChecks.noLoadEmpty(version, this)
+  private[pystatestore] def openEmptyWriteStore(version: Long, forceSnapshot: Boolean): StateStore = {
+    if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
+    val empty = VersionState.empty(version, prefixSpec.isDefined && !usesViews)
+    new PythonStateStore(this, LoadedVersion(empty, LoadMetrics.fromCache), null, forceSnapshot)
+  }
 
   /**
    * `endVersion` rebuilt from the snapshot of `snapshotVersion` and the changes after it, skipping
@@ -473,7 +478,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val reply = try {
         callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
           svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys,
-            if (usesViews) viewDir.getAbsolutePath else "", forceSnapshot)
+            if (usesViews) viewDir.getAbsolutePath else "", forceSnapshot, emptyBase(base))
         }
       } catch {
         case e: StateWorkerException if e.errorType == "BaseVersionReplacedError" =>
@@ -522,6 +527,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         MetricStoresLagging -> (if (newVersion - lastSnapshot.get > laggingAfterVersions) 1L else 0L)))
     } finally file.delete()
   }
+
+  /**
+   * An empty store opened at a version that was never loaded (`openEmptyWriteStore`): every loaded
+   * or committed version after 0 carries the id of its manifest.
+   */
+  private def emptyBase(base: CommittedVersion): Boolean = base.version > 0 && base.manifestId.isEmpty
 
   private def remember(state: CommittedVersion): Unit = {
     val evicted = synchronized {

@@ -37,9 +37,11 @@ trait PythonStateService {
    * `numKeys` is the new version's key count (the JVM saw which keys existed). Backends read
    * through views leave the new version's read view at `viewDir`. With `forceSnapshot` the call
    * returns only once the new version also has a snapshot (Spark 4.2's forceSnapshotOnCommit).
+   * With `emptyBase` the changes are the whole new state: nothing of `baseVersion` is read, and the
+   * new version needs no earlier one (Spark's loadEmpty).
    */
   def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
-      attemptId: String, numKeys: Long, viewDir: String, forceSnapshot: Boolean): String
+      attemptId: String, numKeys: Long, viewDir: String, forceSnapshot: Boolean, emptyBase: Boolean): String
 
   /**
    * The maintenance `parts` (comma-separated): `snapshot` makes a due snapshot of a changelog

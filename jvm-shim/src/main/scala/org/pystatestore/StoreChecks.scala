@@ -44,11 +44,6 @@ private[pystatestore] object StoreChecks {
         "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
   }
 
-  def noLoadEmpty(version: Long, provider: PythonStateStoreProviderCore): Throwable =
-    SparkInternals.unsupportedOperation("loadEmpty",
-      s"$ProviderName does not open an empty store at version $version (${provider.describeStore}): offline state " +
-        "repartitioning (spark.streamingCheckpointManager.repartition) needs Spark's RocksDB state store provider")
-
   def replayRange(snapshotVersion: Long, endVersion: Long, provider: PythonStateStoreProviderCore): Unit = {
     if (snapshotVersion < 1 || endVersion < snapshotVersion) {
       throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of " +

@@ -4,7 +4,7 @@ import org.apache.spark.sql.execution.streaming.state.{ReadStateStore, StateStor
 
 /**
  * Spark 4.2's provider signatures, for 4.2 and 4.3 alike: `getStore` with `forceSnapshotOnCommit`
- * and `loadEmpty` (refused: only offline repartitioning asks for it), and
+ * and `loadEmpty` (an empty store whose commit needs no earlier version), and
  * `upgradeReadStoreToWriteStore` with `forceSnapshotOnCommit`.
  */
 trait ProviderSince42 extends PythonStateStoreProviderCore {
@@ -13,8 +13,10 @@ trait ProviderSince42 extends PythonStateStoreProviderCore {
       stateStoreCkptId: Option[String],
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
-    if (loadEmpty) refuseLoadEmpty(version)
-    openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
+    if (loadEmpty) {
+      StoreChecks.rejectCheckpointIds(stateStoreCkptId, this)
+      openEmptyWriteStore(version, forceSnapshotOnCommit)
+    } else openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
   }
 
   override def upgradeReadStoreToWriteStore(
