@@ -76,7 +76,7 @@ def test_jar_selection_picks_the_minor(version: str) -> None:
 
 
 def test_configure_spark_refuses_an_unsupported_running_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pystatestore, "running_pyspark_version", lambda: "4.0.2")
+    monkeypatch.setattr(pystatestore.spark_minors, "running_pyspark_version", lambda: "4.0.2")
 
     class Builder:
         def config(self, key: str, value: str) -> Builder:
