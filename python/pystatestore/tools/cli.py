@@ -357,6 +357,75 @@ def report(checkpoint: str, output: str, deep: bool) -> None:
     err.print(f"report written to {output}; the checkpoint is {state}")
 
 
+def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: str, **target: Any) -> None:
+    from .rewrite import plan_rewrite, rewrite
+
+    try:
+        plan = plan_rewrite(command, checkpoint, output, **target)
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    for line in plan.describe():
+        out.print(line, highlight=False)
+    if dry_run:
+        return
+    from pyspark.sql import SparkSession
+
+    from ..spark_minors import configure_spark
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(f"pystatestore {command}")
+        .config("spark.sql.adaptive.enabled", "false")  # one task per target partition, in order
+        .config("spark.ui.enabled", "false")
+    )
+    spark = configure_spark(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with _progress(True) as progress:
+            results = rewrite(plan, spark, progress)
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        spark.stop()
+    for r in results:
+        out.print(
+            f"  {r.kind.label}: {r.rows:,} keys in {r.partitions} partitions ({r.seconds:.1f} s)", highlight=False
+        )
+    out.print(
+        f"wrote {plan.output}: batch {plan.write_batch}, state version {plan.state_version}, read back and compared; "
+        "restart the query on it",
+        highlight=False,
+    )
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--to", "to", type=click.Choice(["pystatestore", "hdfs", "rocksdb"]), required=True, help="The provider.")
+@click.option("-o", "--output", required=True, help="The new checkpoint directory (must not exist).")
+@click.option("--dry-run", is_flag=True, help="Print the plan only.")
+@click.option("--master", default="local[*]", show_default=True, help="The Spark master the rewrite runs on.")
+def migrate(checkpoint: str, to: str, output: str, dry_run: bool, master: str) -> None:
+    """The state of the last committed batch, written for another provider as a new checkpoint.
+
+    The source is only read. Spark refuses the new checkpoint until the command has finished; it
+    then holds one more batch, which reads no input: restart the query on it."""
+    _rewrite("migrate", checkpoint, output, dry_run, master, to=to)
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--partitions", type=click.IntRange(min=1), required=True, help="The new partition count.")
+@click.option("-o", "--output", required=True, help="The new checkpoint directory (must not exist).")
+@click.option("--dry-run", is_flag=True, help="Print the plan only.")
+@click.option("--master", default="local[*]", show_default=True, help="The Spark master the rewrite runs on.")
+def repartition(checkpoint: str, partitions: int, output: str, dry_run: bool, master: str) -> None:
+    """The state of the last committed batch, placed for another partition count as a new checkpoint.
+
+    Keys go where Spark's hash partitioning puts them for the new count. The source is only read;
+    Spark refuses the new checkpoint until the command has finished: restart the query on it."""
+    _rewrite("repartition", checkpoint, output, dry_run, master, partitions=partitions)
+
+
 def _json_value(v: Any) -> Any:
     if isinstance(v, (dt.date, dt.datetime)):
         return v.isoformat()

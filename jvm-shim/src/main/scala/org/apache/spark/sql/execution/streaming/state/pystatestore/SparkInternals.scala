@@ -7,13 +7,19 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.errors.QueryExecutionErrors
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStoreErrors, StateStoreId, StateStoreInstanceMetric, StateStoreProvider, StateStoreProviderId, StateStoreSnapshotLastUploadInstanceMetric, SupportsFineGrainedReplay}
-import org.apache.spark.util.NextIterator
+import org.apache.spark.util.{NextIterator, SerializableConfiguration}
 
 /**
  * Spark's state-store error constructors are package-private; this object, living in Spark's
  * package, hands them to the shim so users get the same error classes as with built-in providers.
  */
 object SparkInternals {
+  /** A Hadoop configuration that travels to tasks (Spark's own wrapper is package-private). */
+  def serializable(conf: Configuration): java.io.Serializable with (() => Configuration) = {
+    val wrapped = new SerializableConfiguration(conf)
+    new java.io.Serializable with (() => Configuration) { def apply(): Configuration = wrapped.value }
+  }
+
   def cannotLoadStore(e: Throwable): Throwable = StateStoreErrors.cannotLoadStore(e)
 
   def unexpectedStateStoreVersion(version: Long): Throwable =

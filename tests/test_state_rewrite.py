@@ -1,0 +1,255 @@
+"""`pystatestore migrate` and `repartition` (issue 32): a query runs some batches on provider A with
+P partitions, its checkpoint is rewritten, and it runs more batches on the result; its output must
+equal, batch for batch, a reference run that used the target provider and partition count from the
+start. The session keeps A and P after the rewrite: the new checkpoint alone must carry the change."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pystatestore.store.errors import StateStoreError
+from pystatestore.tools.rewrite import PROVIDERS, RewriteError, plan_rewrite, rewrite
+from spark_support import (
+    HDFS_PROVIDER,
+    OUR_PROVIDER,
+    ROCKSDB_PROVIDER,
+    run_phase,
+    start_session,
+    unload_state_stores,
+    write_input_files,
+)
+from test_e2e import aggregation, dedup, pandas_sessions, session_windows
+
+pytestmark = pytest.mark.spark
+PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = start_session("local[2]", **{"spark.sql.adaptive.enabled": "false"})
+    yield session
+    session.stop()
+
+
+def windowed(df: DataFrame) -> DataFrame:
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "20 seconds"), "key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+        .select(F.col("window.start").cast("string"), "key", "n", "total")
+    )
+
+
+def dedup_within_watermark(df: DataFrame) -> DataFrame:
+    return df.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["key", "value"]).select("key", "value")
+
+
+def join(df: DataFrame) -> DataFrame:
+    """A stream-stream join: four stores, two of them keyed by join key and value index."""
+    left = df.where(F.col("value") % 2 == 0).select(F.col("key").alias("lk"), F.col("ts").alias("lts"), "value")
+    right = df.where(F.col("value") % 2 == 1).select(F.col("key").alias("rk"), F.col("ts").alias("rts"), "id")
+    return (
+        left.withWatermark("lts", "10 seconds")
+        .join(
+            right.withWatermark("rts", "10 seconds"),
+            F.expr("lk = rk AND rts BETWEEN lts - INTERVAL 5 SECONDS AND lts + INTERVAL 5 SECONDS"),
+        )
+        .select("lk", F.col("lts").cast("string"), "value", "id")
+    )
+
+
+SCENARIOS: dict[str, tuple[Callable[[DataFrame], DataFrame], str]] = {
+    "aggregation": (aggregation, "update"),
+    "window_aggregation": (windowed, "append"),
+    "session_window": (session_windows, "append"),
+    "drop_duplicates": (dedup, "append"),
+    "drop_duplicates_within_watermark": (dedup_within_watermark, "append"),
+    "apply_in_pandas_with_state": (pandas_sessions, "update"),
+    "stream_stream_join": (join, "append"),
+}
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_batches(
+    spark: SparkSession,
+    scenario: str,
+    *,
+    provider: str,
+    partitions: int,
+    input_dir: Path,
+    checkpoint: Path,
+    results: dict[int, list[tuple]],
+) -> None:
+    build, mode = SCENARIOS[scenario]
+    spark.conf.set(PARTITIONS, str(partitions))
+    run_phase(
+        spark, build, provider=provider, input_dir=input_dir, checkpoint=checkpoint, output_mode=mode, results=results
+    )
+    unload_state_stores(spark)
+
+
+def outputs(results: dict[int, list[tuple]]) -> list[list[tuple]]:
+    return [results[b] for b in sorted(results)]
+
+
+_references: dict[tuple[str, str, int], list[list[tuple]]] = {}
+
+
+def reference(spark: SparkSession, scenario: str, provider: str, partitions: int, tmp: Path) -> list[list[tuple]]:
+    """The query on the target provider and partition count from the start, stopped where the
+    rewritten one is rewritten (so both see the same batches)."""
+    key = (scenario, provider, partitions)
+    if key not in _references:
+        work = tmp / "reference"
+        results: dict[int, list[tuple]] = {}
+        for phase in range(2):
+            write_input_files(work / "in", phase * 3, 3)
+            run_batches(
+                spark,
+                scenario,
+                provider=provider,
+                partitions=partitions,
+                input_dir=work / "in",
+                checkpoint=work / "ckpt",
+                results=results,
+            )
+        _references[key] = outputs(results)
+        shutil.rmtree(work)
+    return _references[key]
+
+
+def rewritten_run(
+    spark: SparkSession, scenario: str, tmp: Path, *, source: str, p: int, target: str, n: int
+) -> tuple[list[list[tuple]], Path]:
+    command = "migrate" if source != target else "repartition"
+    results: dict[int, list[tuple]] = {}
+    write_input_files(tmp / "in", 0, 3)
+    ckpt, new = tmp / "ckpt", tmp / "rewritten"
+    run_batches(spark, scenario, provider=source, partitions=p, input_dir=tmp / "in", checkpoint=ckpt, results=results)
+    before = tree_digest(ckpt)
+    to = next(name for name, cls in PROVIDERS.items() if cls == target)
+    plan = plan_rewrite(command, str(ckpt), str(new), **({"to": to} if command == "migrate" else {"partitions": n}))
+    rewrite(plan, spark, lambda what, done, total: None)
+    assert tree_digest(ckpt) == before, "the rewrite changed its source checkpoint"
+    write_input_files(tmp / "in", 3, 3)
+    # The session still names the source provider and partition count: the checkpoint decides.
+    run_batches(spark, scenario, provider=source, partitions=p, input_dir=tmp / "in", checkpoint=new, results=results)
+    assert plan.write_batch not in results, "the rewrite's batch reads no input and never runs"
+    return outputs(results), new
+
+
+def store_files(checkpoint: Path, operator: int = 0) -> set[str]:
+    return {p.name for p in (checkpoint / "state" / str(operator)).rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_migrating_from_spark_hdfs_provider_continues_exactly(
+    spark: SparkSession, tmp_path: Path, scenario: str
+) -> None:
+    got, new = rewritten_run(spark, scenario, tmp_path, source=HDFS_PROVIDER, p=3, target=OUR_PROVIDER, n=3)
+    assert got == reference(spark, scenario, OUR_PROVIDER, 3, tmp_path)
+    assert any(name.endswith(".json") for name in store_files(new)), "the new checkpoint's state is pystatestore's"
+
+
+ROUTES = {
+    "rocksdb_to_ours": (ROCKSDB_PROVIDER, 3, OUR_PROVIDER, 3),
+    "ours_to_rocksdb": (OUR_PROVIDER, 3, ROCKSDB_PROVIDER, 3),
+    "ours_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
+    "ours_4_to_7_partitions": (OUR_PROVIDER, 4, OUR_PROVIDER, 7),
+    "hdfs_7_to_2_partitions": (HDFS_PROVIDER, 7, HDFS_PROVIDER, 2),
+}
+
+
+@pytest.mark.parametrize("scenario", ["aggregation", "stream_stream_join", "session_window"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_route_continues_exactly(spark: SparkSession, tmp_path: Path, route: str, scenario: str) -> None:
+    source, p, target, n = ROUTES[route]
+    got, new = rewritten_run(spark, scenario, tmp_path, source=source, p=p, target=target, n=n)
+    assert got == reference(spark, scenario, target, n, tmp_path)
+    partitions = {int(d.name) for d in (new / "state" / "0").iterdir() if d.name.isdigit()}
+    assert partitions == set(range(n))
+
+
+def test_an_interrupted_rewrite_leaves_a_checkpoint_spark_refuses(spark: SparkSession, tmp_path: Path) -> None:
+    results: dict[int, list[tuple]] = {}
+    write_input_files(tmp_path / "in", 0, 3)
+    ckpt, new = tmp_path / "ckpt", tmp_path / "rewritten"
+    run_batches(
+        spark,
+        "stream_stream_join",
+        provider=HDFS_PROVIDER,
+        partitions=3,
+        input_dir=tmp_path / "in",
+        checkpoint=ckpt,
+        results=results,
+    )
+    before = tree_digest(ckpt)
+    plan = plan_rewrite("migrate", str(ckpt), str(new), to="pystatestore")
+    assert len(plan.stores) == 4
+
+    def die_at_the_third_store(what: str, done: int, total: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt  # what a user's Ctrl-C does mid-run
+
+    with pytest.raises(KeyboardInterrupt):
+        rewrite(plan, spark, die_at_the_third_store)
+    assert tree_digest(ckpt) == before
+    with pytest.raises(Exception, match="MALFORMED_LOG_FILE.*pystatestore-rewrite-unfinished"):
+        run_batches(
+            spark,
+            "stream_stream_join",
+            provider=HDFS_PROVIDER,
+            partitions=3,
+            input_dir=tmp_path / "in",
+            checkpoint=new,
+            results={},
+        )
+    with pytest.raises(RewriteError, match="unfinished output of an interrupted rewrite"):
+        plan_rewrite("repartition", str(new), str(tmp_path / "again"), partitions=5)
+    with pytest.raises(RewriteError, match="the output exists"):
+        plan_rewrite("migrate", str(ckpt), str(new), to="pystatestore")
+
+
+def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    write_input_files(tmp_path / "in", 0, 2)
+    ckpt = tmp_path / "ckpt"
+    run_batches(
+        spark,
+        "aggregation",
+        provider=HDFS_PROVIDER,
+        partitions=3,
+        input_dir=tmp_path / "in",
+        checkpoint=ckpt,
+        results={},
+    )
+    out = tmp_path / "out"
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: plan_rewrite("migrate", str(ckpt), str(out), to="hdfs"), "already uses hdfs"),
+        (lambda: plan_rewrite("repartition", str(ckpt), str(out), partitions=3), "already has 3 partitions"),
+        (lambda: plan_rewrite("migrate", str(ckpt), str(ckpt / "inside"), to="pystatestore"), "outside the source"),
+        (lambda: plan_rewrite("migrate", str(tmp_path / "in"), str(out), to="pystatestore"), "not a Spark streaming"),
+    ]
+    for call, message in cases:
+        with pytest.raises(StateStoreError, match=message):
+            call()
+        assert not out.exists()
+    # A batch planned but not committed: the query runs, or died mid-batch.
+    last = max(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
+    shutil.copy(ckpt / "offsets" / str(last), ckpt / "offsets" / str(last + 1))
+    with pytest.raises(StateStoreError, match=f"batch {last + 1} is planned but not committed"):
+        plan_rewrite("migrate", str(ckpt), str(out), to="pystatestore")
+    assert not out.exists()
