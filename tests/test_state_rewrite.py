@@ -174,8 +174,18 @@ ROUTES = {
 }
 
 
-@pytest.mark.parametrize("scenario", ["aggregation", "stream_stream_join", "session_window"])
-@pytest.mark.parametrize("route", list(ROUTES))
+# Every route with an aggregation; the join's keyWithIndexToValue (keyed by more than the shuffle
+# key) and the session window's prefix-scan store where keys move between partitions or formats.
+ROUTE_CASES = [
+    *((route, "aggregation") for route in ROUTES),
+    ("ours_4_to_7_partitions", "stream_stream_join"),
+    ("ours_to_rocksdb", "stream_stream_join"),
+    ("hdfs_7_to_2_partitions", "session_window"),
+    ("ours_4_to_7_partitions", "session_window"),
+]
+
+
+@pytest.mark.parametrize(("route", "scenario"), ROUTE_CASES)
 def test_every_route_continues_exactly(spark: SparkSession, tmp_path: Path, route: str, scenario: str) -> None:
     source, p, target, n = ROUTES[route]
     got, new = rewritten_run(spark, scenario, tmp_path, source=source, p=p, target=target, n=n)
@@ -253,3 +263,49 @@ def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession,
     with pytest.raises(StateStoreError, match=f"batch {last + 1} is planned but not committed"):
         plan_rewrite("migrate", str(ckpt), str(out), to="pystatestore")
     assert not out.exists()
+
+
+def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_path: Path) -> None:
+    """As a user runs it: `pystatestore repartition` in a process (and a JVM) of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    write_input_files(tmp_path / "in", 0, 2)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    run_batches(
+        spark,
+        "aggregation",
+        provider=OUR_PROVIDER,
+        partitions=3,
+        input_dir=tmp_path / "in",
+        checkpoint=ckpt,
+        results={},
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "python"), *sys.path])}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pystatestore.tools.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+
+    plan = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out), "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "partitions 3 -> 5" in plan.stdout and "operator 0 (stateStoreSave)" in plan.stdout, plan.stdout
+    assert not out.exists()
+    done = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "15 keys in 5 partitions" in done.stdout and f"wrote {out}" in done.stdout, done.stdout
+    offsets = sorted((out / "offsets").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)[-1]
+    conf = json.loads(offsets.read_text().splitlines()[1])["conf"]
+    assert (
+        conf["spark.sql.shuffle.partitions"] == "5"
+        and conf["spark.sql.streaming.stateStore.providerClass"] == OUR_PROVIDER
+    )
+    again = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out))
+    assert again.returncode == 1 and "the output exists" in again.stderr, again.stderr

@@ -377,6 +377,7 @@ def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: 
         .appName(f"pystatestore {command}")
         .config("spark.sql.adaptive.enabled", "false")  # one task per target partition, in order
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # the command draws its own progress bar
     )
     spark = configure_spark(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

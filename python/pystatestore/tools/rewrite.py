@@ -378,14 +378,35 @@ def _start_output(plan: RewritePlan) -> None:
         _write_file(out_op / "_metadata" / "metadata", "v1\n" + json.dumps(meta, separators=(",", ":")))
 
 
-def _finish_output(plan: RewritePlan) -> None:
-    out, b = plan.output, plan.read_batch
-    lines, metadata = _offsets_conf(plan.source, b)
+def _write_commit(plan: RewritePlan) -> None:
+    """The new batch's commit: the last batch's, whose watermark the next batch starts from."""
+    commit = (plan.source / "commits" / str(plan.read_batch)).read_text()
+    _write_file(plan.output / "commits" / str(plan.write_batch), commit)
+
+
+def _publish_offsets(plan: RewritePlan) -> None:
+    """The one step that makes the checkpoint complete: the real offsets replace the unfinished line."""
+    lines, metadata = _offsets_conf(plan.source, plan.read_batch)
     metadata["conf"] = plan.new_conf
-    commit = (plan.source / "commits" / str(b)).read_text()
-    _write_file(out / "commits" / str(plan.write_batch), commit)
-    # The one step that makes the checkpoint complete.
-    _write_file(out / "offsets" / str(plan.write_batch), "\n".join([lines[0], json.dumps(metadata), *lines[2:]]) + "\n")
+    _write_file(
+        plan.output / "offsets" / str(plan.write_batch), "\n".join([lines[0], json.dumps(metadata), *lines[2:]]) + "\n"
+    )
+
+
+def _verify_our_stores(plan: RewritePlan) -> None:
+    """`pystatestore verify --deep` of the new checkpoint: every store's new version restorable,
+    every file and every payload stored inside a manifest matching its checksum."""
+    from .checkpoint import open_checkpoint
+    from .verification import verify_checkpoint
+
+    report = verify_checkpoint(open_checkpoint(str(plan.output)), deep=True)
+    if not report.restorable:
+        raise RewriteError(
+            f"the new checkpoint does not verify: {'; '.join(str(p) for p in report.problems[:5])}",
+            store=str(plan.output),
+            version=plan.state_version,
+            advice="The output is left unfinished; delete it and report this with the worker logs.",
+        )
 
 
 def output_is_unfinished(checkpoint: Path) -> bool:
@@ -560,5 +581,8 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
             advice="Stop the query, delete the output, and run the command again.",
         )
     shutil.rmtree(scratch, ignore_errors=True)
-    _finish_output(plan)
+    _write_commit(plan)
+    if ours:
+        _verify_our_stores(plan)
+    _publish_offsets(plan)
     return results
