@@ -4,8 +4,8 @@
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
 # compaction). CI runs 150 histories of 30 steps each.
 #
-# It takes hours (since crashes are real worker deaths, 1,200-1,500 s a chunk two at a time on an
-# idle 2-core machine: about 5 hours), more than one working session, so it runs in seeded chunks
+# It takes hours (since crashes are real worker deaths, 1,170-1,510 s a chunk two at a time in the
+# last run on 2 cores: about 5 hours), more than one working session, so it runs in seeded chunks
 # of MODEL_CHUNK histories (default 1,000; chunk k uses Hypothesis seed k) and is resumable: each
 # finished chunk appends a line to the ledger, bench/model-check-thorough.txt, with the fingerprint
 # of the code under test (the store layer, the leaf modules and the model test), and a later run
