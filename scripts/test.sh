@@ -5,8 +5,8 @@
 #     local-cluster[2,1,1024], faults, security) on the default Spark minor (what pip gives);
 #   - the contract suite, the end-to-end suite, the coordinator test and the same-host restart
 #     test (on local-cluster[2,1,1024] only: local[2] runs the same provider code in one JVM), the
-#     GC test and the offline reader's
-#     comparison with Spark's state reader on every other supported minor,
+#     GC test, the offline reader's comparison with Spark's state reader and three state rewrites
+#     (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) on every other supported minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
 # Extra arguments go to the default minor's pytest. Ends with one line that totals every run.
 set -euo pipefail
@@ -38,6 +38,9 @@ OTHER_MINOR_TESTS=(
   "tests/test_local_recovery_spark.py::test_a_same_host_restart_reads_no_data_from_the_checkpoint"
   "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
+  "tests/test_state_rewrite.py::test_every_route_continues_exactly[rocksdb_to_ours-aggregation]"
+  "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_to_hdfs-aggregation]"
+  "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_4_to_7_partitions-stream_stream_join]"
 )
 for minor in $(.venv/bin/python -c "from pystatestore.spark_minors import BUILT_AGAINST, DEFAULT_MINOR
 print(' '.join(m for m in BUILT_AGAINST if m != DEFAULT_MINOR))"); do
