@@ -297,6 +297,7 @@ def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_
     plan = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out), "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert "partitions 3 -> 5" in plan.stdout and "operator 0 (stateStoreSave)" in plan.stdout, plan.stdout
+    assert "15 keys" in plan.stdout, plan.stdout  # as the manifests record them
     assert not out.exists()
     done = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out))
     assert done.returncode == 0, done.stderr

@@ -23,6 +23,7 @@ import json
 import shutil
 import time
 import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ class RewritePlan:
     conf: dict[str, str]  # offsets/<B>'s SQL confs
     stores: list[StoreKind]
     bytes_by_store: dict[StoreKind, int] = field(default_factory=dict)
+    keys_by_store: dict[StoreKind, int] = field(default_factory=dict)  # where the checkpoint records them
 
     @property
     def write_batch(self) -> int:
@@ -117,9 +119,10 @@ class RewritePlan:
             f"partitions {self.source_partitions} -> {self.target_partitions}",
         ]
         for s in self.stores:
-            size = self.bytes_by_store.get(s)
+            size, keys = self.bytes_by_store.get(s), self.keys_by_store.get(s)
             lines.append(
                 f"  {s.label}: {self.source_partitions} -> {self.target_partitions} partitions"
+                + (f", {keys:,} keys" if keys is not None else "")
                 + (f", {size:,} bytes in the source" if size is not None else "")
             )
         lines.append(
@@ -307,6 +310,7 @@ def plan_rewrite(
                 for f in d.rglob("*")
                 if f.is_file() and "_metadata" not in f.relative_to(d).parts
             )
+    keys = {kind: n for kind in stores if (n := _recorded_keys(state, kind, source_partitions, last + 1)) is not None}
     return RewritePlan(
         command,
         source,
@@ -319,7 +323,28 @@ def plan_rewrite(
         conf,
         stores,
         sizes,
+        keys,
     )
+
+
+def _recorded_keys(state_root: Path, kind: StoreKind, partitions: int, version: int) -> int | None:
+    """The store's key count at `version` where its files record it without reading the state:
+    pystatestore's manifests and the RocksDB provider's snapshot zips (the HDFS provider keeps none)."""
+    total = 0
+    for p in range(partitions):
+        d = _store_dir(state_root, kind, p)
+        manifest, snapshot = d / "manifests" / f"{version}.json", d / f"{version}.zip"
+        try:
+            if manifest.is_file():
+                total += int(json.loads(manifest.read_text())["num_keys"])
+            elif snapshot.is_file():
+                with zipfile.ZipFile(snapshot) as z:
+                    total += int(json.loads(z.read("metadata").decode().splitlines()[1])["numKeys"])
+            else:
+                return None
+        except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile):
+            return None
+    return total
 
 
 def _store_dir(state_root: Path, kind: StoreKind, partition: int) -> Path:
