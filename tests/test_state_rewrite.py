@@ -102,6 +102,30 @@ def run_batches(
     unload_state_stores(spark)
 
 
+def source_checkpoint(
+    spark: SparkSession,
+    scenario: str,
+    tmp: Path,
+    *,
+    provider: str,
+    partitions: int,
+    files: int = 3,
+    results: dict[int, list[tuple]] | None = None,
+) -> Path:
+    """The checkpoint a rewrite starts from: the scenario's first `files` batches at `tmp/ckpt`."""
+    write_input_files(tmp / "in", 0, files)
+    run_batches(
+        spark,
+        scenario,
+        provider=provider,
+        partitions=partitions,
+        input_dir=tmp / "in",
+        checkpoint=tmp / "ckpt",
+        results={} if results is None else results,
+    )
+    return tmp / "ckpt"
+
+
 def outputs(results: dict[int, list[tuple]]) -> list[list[tuple]]:
     return [results[b] for b in sorted(results)]
 
@@ -137,9 +161,8 @@ def rewritten_run(
 ) -> tuple[list[list[tuple]], Path]:
     command = "migrate" if source != target else "repartition"
     results: dict[int, list[tuple]] = {}
-    write_input_files(tmp / "in", 0, 3)
-    ckpt, new = tmp / "ckpt", tmp / "rewritten"
-    run_batches(spark, scenario, provider=source, partitions=p, input_dir=tmp / "in", checkpoint=ckpt, results=results)
+    ckpt = source_checkpoint(spark, scenario, tmp, provider=source, partitions=p, results=results)
+    new = tmp / "rewritten"
     before = tree_digest(ckpt)
     to = next(name for name, cls in PROVIDERS.items() if cls == target)
     plan = plan_rewrite(command, str(ckpt), str(new), **({"to": to} if command == "migrate" else {"partitions": n}))
@@ -195,18 +218,8 @@ def test_every_route_continues_exactly(spark: SparkSession, tmp_path: Path, rout
 
 
 def test_an_interrupted_rewrite_leaves_a_checkpoint_spark_refuses(spark: SparkSession, tmp_path: Path) -> None:
-    results: dict[int, list[tuple]] = {}
-    write_input_files(tmp_path / "in", 0, 3)
-    ckpt, new = tmp_path / "ckpt", tmp_path / "rewritten"
-    run_batches(
-        spark,
-        "stream_stream_join",
-        provider=HDFS_PROVIDER,
-        partitions=3,
-        input_dir=tmp_path / "in",
-        checkpoint=ckpt,
-        results=results,
-    )
+    ckpt = source_checkpoint(spark, "stream_stream_join", tmp_path, provider=HDFS_PROVIDER, partitions=3)
+    new = tmp_path / "rewritten"
     before = tree_digest(ckpt)
     plan = plan_rewrite("migrate", str(ckpt), str(new), to="pystatestore")
     assert len(plan.stores) == 4
@@ -235,17 +248,7 @@ def test_an_interrupted_rewrite_leaves_a_checkpoint_spark_refuses(spark: SparkSe
 
 
 def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession, tmp_path: Path) -> None:
-    write_input_files(tmp_path / "in", 0, 2)
-    ckpt = tmp_path / "ckpt"
-    run_batches(
-        spark,
-        "aggregation",
-        provider=HDFS_PROVIDER,
-        partitions=3,
-        input_dir=tmp_path / "in",
-        checkpoint=ckpt,
-        results={},
-    )
+    ckpt = source_checkpoint(spark, "aggregation", tmp_path, provider=HDFS_PROVIDER, partitions=3, files=2)
     out = tmp_path / "out"
     cases: list[tuple[Callable[[], object], str]] = [
         (lambda: plan_rewrite("migrate", str(ckpt), str(out), to="hdfs"), "already uses hdfs"),
@@ -272,17 +275,8 @@ def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_
     import subprocess
     import sys
 
-    write_input_files(tmp_path / "in", 0, 2)
-    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    run_batches(
-        spark,
-        "aggregation",
-        provider=OUR_PROVIDER,
-        partitions=3,
-        input_dir=tmp_path / "in",
-        checkpoint=ckpt,
-        results={},
-    )
+    ckpt = source_checkpoint(spark, "aggregation", tmp_path, provider=OUR_PROVIDER, partitions=3, files=2)
+    out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "python"), *sys.path])}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -496,6 +496,14 @@ def _summaries(lines: Any) -> dict[int, tuple[int, str]]:
     return out
 
 
+def _store_spec(writer: Any, state_root: Path, kind: StoreKind, schemas: tuple[str, str], conf: dict[str, str]) -> Any:
+    """The shim's StoreSpec of `kind` under `state_root`, for a provider running with `conf`."""
+    key_json, value_json = schemas
+    return writer.storeSpec(
+        str(state_root), kind.operator_id, kind.store_name, key_json, value_json, kind.num_cols_prefix_key, conf
+    )
+
+
 def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
     """Runs `plan` in `spark` (a local session with the shim jar and adaptive execution off)."""
     from pyspark.sql import functions as F
@@ -540,43 +548,24 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
                 file=f"state/{kind.operator_id}",
             )
         placed = reader.select("key", "value").repartition(plan.target_partitions, *shuffle_cols)
-        key_json, value_json = key_type.json(), reader.schema["value"].dataType.json()
-        conf = dict(plan.new_conf)
-        if ours:
-            root, base = str(plan.output / "state"), plan.write_batch
-        else:
-            root, base = str(scratch / "state"), 0
+        schemas = (key_type.json(), reader.schema["value"].dataType.json())
+
+        if ours:  # an empty store at the new batch, whose commit is the state after it
+            write_spec, base = (
+                _store_spec(writer, plan.output / "state", kind, schemas, plan.new_conf),
+                plan.write_batch,
+            )
+        else:  # the provider's own first version, moved into place below
+            conf = dict(plan.new_conf)
             if plan.target_provider == ROCKSDB_PROVIDER:
                 conf[ROCKSDB_CHANGELOG_CONF] = "false"  # version 1 as a snapshot zip, written at commit
-        written = _summaries(
-            writer.write(
-                placed._jdf,
-                plan.target_partitions,
-                root,
-                kind.operator_id,
-                kind.store_name,
-                key_json,
-                value_json,
-                kind.num_cols_prefix_key,
-                base,
-                conf,
-            )
-        )
+            write_spec, base = _store_spec(writer, scratch / "state", kind, schemas, conf), 0
+        written = _summaries(writer.write(placed._jdf, plan.target_partitions, write_spec, base))
         if not ours:
             _place_spark_version(plan, kind, scratch / "state")
+        read_spec = _store_spec(writer, plan.output / "state", kind, schemas, plan.new_conf)
         read_back = _summaries(
-            writer.readBack(
-                spark._jsparkSession,
-                plan.target_partitions,
-                str(plan.output / "state"),
-                kind.operator_id,
-                kind.store_name,
-                key_json,
-                value_json,
-                kind.num_cols_prefix_key,
-                plan.state_version,
-                plan.new_conf,
-            )
+            writer.readBack(spark._jsparkSession, plan.target_partitions, read_spec, plan.state_version)
         )
         if read_back != written:
             bad = sorted(p for p in written if read_back.get(p) != written[p])

@@ -39,7 +39,8 @@ object StateRewrite {
       else NoPrefixKeyStateEncoderSpec(keySchema)
   }
 
-  private def spec(
+  /** The spec `write` and `readBack` take, from what Python has: schemas as JSON, confs as a map. */
+  def storeSpec(
       stateRoot: String,
       operatorId: Long,
       storeName: String,
@@ -80,22 +81,11 @@ object StateRewrite {
    * the commit is `baseVersion + 1` and needs no earlier version. Returns one JSON summary per
    * partition, in partition order.
    */
-  def write(
-      rows: Dataset[Row],
-      numPartitions: Int,
-      stateRoot: String,
-      operatorId: Long,
-      storeName: String,
-      keySchemaJson: String,
-      valueSchemaJson: String,
-      numColsPrefixKey: Int,
-      baseVersion: Long,
-      conf: java.util.Map[String, String]): java.util.List[String] = {
-    val s = spec(stateRoot, operatorId, storeName, keySchemaJson, valueSchemaJson, numColsPrefixKey, conf)
+  def write(rows: Dataset[Row], numPartitions: Int, s: StoreSpec, baseVersion: Long): java.util.List[String] = {
     val rdd = rows.select("key", "value").queryExecution.toRdd
     if (rdd.getNumPartitions != numPartitions) {
-      throw new IllegalStateException(s"pystatestore rewrite of operator $operatorId store $storeName: the rows come " +
-        s"in ${rdd.getNumPartitions} partitions, not $numPartitions (adaptive query execution must be off)")
+      throw new IllegalStateException(s"pystatestore rewrite of operator ${s.operatorId} store ${s.storeName}: " +
+        s"the rows come in ${rdd.getNumPartitions} partitions, not $numPartitions (adaptive query execution must be off)")
     }
     val hadoopConf = SparkInternals.serializable(rows.sparkSession.sessionState.newHadoopConf())
     val conf0 = storeConf(s.conf)
@@ -136,18 +126,7 @@ object StateRewrite {
    * Reads `version` of store partitions 0 until `numPartitions` back through the provider `conf`
    * names, summarised as `write` summarises what it wrote.
    */
-  def readBack(
-      spark: SparkSession,
-      numPartitions: Int,
-      stateRoot: String,
-      operatorId: Long,
-      storeName: String,
-      keySchemaJson: String,
-      valueSchemaJson: String,
-      numColsPrefixKey: Int,
-      version: Long,
-      conf: java.util.Map[String, String]): java.util.List[String] = {
-    val s = spec(stateRoot, operatorId, storeName, keySchemaJson, valueSchemaJson, numColsPrefixKey, conf)
+  def readBack(spark: SparkSession, numPartitions: Int, s: StoreSpec, version: Long): java.util.List[String] = {
     val hadoopConf = SparkInternals.serializable(spark.sessionState.newHadoopConf())
     val conf0 = storeConf(s.conf)
     spark.sparkContext.parallelize(0 until numPartitions, numPartitions).map { partition =>
