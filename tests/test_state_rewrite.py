@@ -6,6 +6,7 @@ start. The session keeps A and P after the rewrite: the new checkpoint alone mus
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -157,11 +158,28 @@ def reference(spark: SparkSession, scenario: str, provider: str, partitions: int
 
 
 def rewritten_run(
-    spark: SparkSession, scenario: str, tmp: Path, *, source: str, p: int, target: str, n: int
+    spark: SparkSession,
+    scenario: str,
+    tmp: Path,
+    *,
+    source: str,
+    p: int,
+    target: str,
+    n: int,
+    source_conf: dict[str, str] | None = None,
 ) -> tuple[list[list[tuple]], Path]:
     command = "migrate" if source != target else "repartition"
     results: dict[int, list[tuple]] = {}
-    ckpt = source_checkpoint(spark, scenario, tmp, provider=source, partitions=p, results=results)
+    for k, v in (source_conf or {}).items():
+        spark.conf.set(k, v)
+    try:
+        ckpt = source_checkpoint(spark, scenario, tmp, provider=source, partitions=p, results=results)
+    finally:
+        for k in source_conf or {}:
+            spark.conf.unset(k)
+    if (source_conf or {}).get("spark.sql.streaming.stateStore.pystatestore.commitMode") == "snapshot":
+        kinds = {json.loads(m.read_text())["kind"] for m in ckpt.rglob("manifests/*.json")}
+        assert kinds == {"snapshot"}, f"the source was to be written in snapshot commits: {kinds}"
     new = tmp / "rewritten"
     before = tree_digest(ckpt)
     to = next(name for name, cls in PROVIDERS.items() if cls == target)
@@ -194,6 +212,11 @@ ROUTES = {
     "ours_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
     "ours_4_to_7_partitions": (OUR_PROVIDER, 4, OUR_PROVIDER, 7),
     "hdfs_7_to_2_partitions": (HDFS_PROVIDER, 7, HDFS_PROVIDER, 2),
+    "ours_in_snapshot_commits_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
+}
+# The source's conf per route: pystatestore commits changelogs by default; one route reads snapshot commits.
+SOURCE_CONF = {
+    "ours_in_snapshot_commits_to_hdfs": {"spark.sql.streaming.stateStore.pystatestore.commitMode": "snapshot"}
 }
 
 
@@ -211,7 +234,9 @@ ROUTE_CASES = [
 @pytest.mark.parametrize(("route", "scenario"), ROUTE_CASES)
 def test_every_route_continues_exactly(spark: SparkSession, tmp_path: Path, route: str, scenario: str) -> None:
     source, p, target, n = ROUTES[route]
-    got, new = rewritten_run(spark, scenario, tmp_path, source=source, p=p, target=target, n=n)
+    got, new = rewritten_run(
+        spark, scenario, tmp_path, source=source, p=p, target=target, n=n, source_conf=SOURCE_CONF.get(route)
+    )
     assert got == reference(spark, scenario, target, n, tmp_path)
     partitions = {int(d.name) for d in (new / "state" / "0").iterdir() if d.name.isdigit()}
     assert partitions == set(range(n))
@@ -270,7 +295,6 @@ def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession,
 
 def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_path: Path) -> None:
     """As a user runs it: `pystatestore repartition` in a process (and a JVM) of its own."""
-    import json
     import os
     import subprocess
     import sys
