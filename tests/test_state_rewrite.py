@@ -301,7 +301,8 @@ def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_
 
     ckpt = source_checkpoint(spark, "aggregation", tmp_path, provider=OUR_PROVIDER, partitions=3, files=2)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "python"), *sys.path])}
+    # The command imports the pystatestore this test does (the source tree, or the installed wheel).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
