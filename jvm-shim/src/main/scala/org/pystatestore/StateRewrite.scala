@@ -71,18 +71,21 @@ object StateRewrite {
     XXH64.hashUnsafeBytes(value.getBaseObject, value.getBaseOffset, value.getSizeInBytes, k)
   }
 
-  private def summary(partition: Int, rows: Long, digest: Long, version: Long): String =
-    s"""{"partition":$partition,"rows":$rows,"digest":"${java.lang.Long.toHexString(digest)}","version":$version}"""
+  private def summary(partition: Int, rows: Long, digest: Long, version: Long, misplaced: Long = 0L): String =
+    s"""{"partition":$partition,"rows":$rows,"digest":"${java.lang.Long.toHexString(digest)}",""" +
+      s""""version":$version,"misplaced":$misplaced}"""
 
   /**
-   * Writes partition i of `rows` (columns `key` and `value`, structs of the store's schemas) as the
-   * whole state of store partition i. `baseVersion` 0: the provider's own first version (any
+   * Writes partition i of `rows` (columns `key` and `value`, structs of the store's schemas, and
+   * `misplaced`, true for a row the source did not hold where Spark's hash puts it) as the whole
+   * state of store partition i; the summaries count the misplaced rows, so the caller can refuse
+   * the result before anything is published. `baseVersion` 0: the provider's own first version (any
    * provider; the commit is version 1). Above 0: our provider's empty store at `baseVersion`, so
    * the commit is `baseVersion + 1` and needs no earlier version. Returns one JSON summary per
    * partition, in partition order.
    */
   def write(rows: Dataset[Row], numPartitions: Int, s: StoreSpec, baseVersion: Long): java.util.List[String] = {
-    val rdd = rows.select("key", "value").queryExecution.toRdd
+    val rdd = rows.select("key", "value", "misplaced").queryExecution.toRdd
     if (rdd.getNumPartitions != numPartitions) {
       throw new IllegalStateException(s"pystatestore rewrite of operator ${s.operatorId} store ${s.storeName}: " +
         s"the rows come in ${rdd.getNumPartitions} partitions, not $numPartitions (adaptive query execution must be off)")
@@ -105,16 +108,18 @@ object StateRewrite {
         val valueProj = UnsafeProjection.create(s.valueSchema)
         var count = 0L
         var digest = 0L
+        var misplaced = 0L
         try {
           it.foreach { row =>
             val key = keyProj(row.getStruct(0, numKeyFields))
             val value = valueProj(row.getStruct(1, numValueFields))
             digest += pairHash(key, value)
             count += 1
+            if (row.getBoolean(2)) misplaced += 1
             store.put(key.copy(), value.copy())
           }
           val version = store.commit()
-          Iterator(summary(partition, count, digest, version))
+          Iterator(summary(partition, count, digest, version, misplaced))
         } finally {
           if (!store.hasCommitted) store.abort()
         }
