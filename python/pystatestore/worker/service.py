@@ -29,7 +29,7 @@ from ..store.manifest import KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
 from . import faults
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 MAINTENANCE_PARTS = ("snapshot", "cleanup")
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns

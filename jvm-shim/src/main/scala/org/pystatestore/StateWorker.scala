@@ -185,8 +185,8 @@ final class WorkerRegistration(token: String) {
  * always goes to the same worker (by partition), where its local database lives.
  */
 object StateWorker extends Logging {
-  /** Must equal PROTOCOL_VERSION in python/pystatestore/service.py; checked on every worker start. */
-  val ProtocolVersion = 6
+  /** Must equal PROTOCOL_VERSION in python/pystatestore/worker/service.py; checked on every worker start. */
+  val ProtocolVersion = 7
 
   /**
    * The worker's allocators, set where the user has not: memory a commit frees goes back to the
