@@ -116,7 +116,7 @@ object StateRewrite {
             digest += pairHash(key, value)
             count += 1
             if (row.getBoolean(2)) misplaced += 1
-            store.put(key.copy(), value.copy())
+            store.put(key, value) // every provider copies or encodes what it keeps
           }
           val version = store.commit()
           Iterator(summary(partition, count, digest, version, misplaced))
