@@ -59,6 +59,10 @@ from test_e2e import aggregation, pandas_sessions  # noqa: E402
 MASTER = "local-cluster[2,1,1024]"
 CONF = "spark.sql.streaming.stateStore.pystatestore."
 FILES = 9  # input files, one micro-batch each
+# minBatchesToRetain drawn for a retention run: 2-3 of about 9 batches. Run seed 838789598 drew 5
+# and its garbage collection deleted nothing while the query ran (at 4 a run deletes about one
+# version per store, no margin).
+RETAIN_DRAW = (2, 3)
 COMMIT_POINTS = [
     "commit:applied",
     "commit:flushed",
@@ -189,9 +193,7 @@ def draw(seed: int, tag: str) -> Plan:
     restores_matter = plan.local_copy_damage is not None or any(r["fault"] in RESTORE_FAULTS for r in plan.rules)
     plan.cold_stops = restores_matter or rnd.random() < 0.5
     plan.inline_bytes = rnd.choice([None, 0])
-    # 2-3 of about 9 batches: run seed 838789598 drew 5 and its garbage collection deleted nothing
-    # while the query ran (at 4 a run deletes about one version per store, no margin).
-    plan.retain = rnd.randint(2, 3) if rnd.random() < 0.7 else None
+    plan.retain = rnd.randint(*RETAIN_DRAW) if rnd.random() < 0.7 else None
     make_every_fault_fire(plan)
     return plan
 
@@ -549,7 +551,8 @@ def main() -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
     print(
         f"chaos: worker and executor faults: {fired} of {drawn} drawn happened; {retention_runs} of {len(seeds)} "
-        "runs retained 2-3 batches; stops, local-copy damage and tiny graces always happen"
+        f"runs retained {RETAIN_DRAW[0]}-{RETAIN_DRAW[1]} batches; "
+        "stops, local-copy damage and tiny graces always happen"
     )
     state = "state equal" if not state_differs else f"state differs in {state_differs}"
     faults = "all drawn faults fired" if not unfired_runs else f"drawn faults never fired in {unfired_runs}"
