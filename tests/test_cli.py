@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -31,7 +32,7 @@ from pystatestore.tools.checkpoint import StoreReader, open_checkpoint
 from pystatestore.tools.cli import _json_value, main
 from pystatestore.tools.inspection import disk_usage
 from pystatestore.tools.key_lookup import num_partitions
-from pystatestore.tools.spark_hash import hash_value, partition_of
+from pystatestore.tools.spark_hash import hash_value, partition_of, stored_key_hashes
 from pystatestore.tools.state_rows import python_rows, read_state, unique_names
 from pystatestore.tools.unsafe_row import StateRowDecoder, encode_row, parse_schema
 from pystatestore.tools.verification import gc_dry_run, verify_checkpoint
@@ -322,12 +323,38 @@ def test_partition_hash_equals_sparks_hash(spark: SparkSession) -> None:
         )
     df = spark.createDataFrame(rows, schema)
     names = df.columns
-    hashed = df.select(F.hash(*names).alias("row"), *(F.hash(n).alias(f"h_{n}") for n in names)).collect()
+    # The column form (stored_key_hashes) reads keys as the encoder writes them; it has no long decimals.
+    columns = [n for n in names if n != "big"]
+    hashed = df.select(
+        F.hash(*names).alias("row"),
+        F.hash(*columns).alias("columns"),
+        *(F.hash(n).alias(f"h_{n}") for n in names),
+    ).collect()
     key_type = parse_schema(schema.json())
     for values, spark_hashes in zip(rows, hashed, strict=True):
         for (name, t, _), v in zip(key_type.fields, values, strict=True):
             assert hash_value(t, v, 42) == spark_hashes[f"h_{name}"], (name, v)
         assert hash_value(key_type, values, 42) == spark_hashes["row"]
+    # Many stored keys at once: each column alone, and all but the nested struct folded (the
+    # nested struct goes key by key), from UnsafeRow bytes, raw and after a prefix row.
+    at = {n: i for i, n in enumerate(names)}
+    for name in columns:
+        one = parse_schema(T.StructType([schema[name]]).json())
+        keys = pa.array([encode_row(one, (r[at[name]],)) for r in rows], pa.binary())
+        got = stored_key_hashes(one, keys, "raw", 1).tolist()
+        assert got == [h[f"h_{name}"] for h in hashed], name
+    folded = parse_schema(T.StructType([schema[n] for n in columns]).json())
+    raw = [encode_row(folded, tuple(r[at[n]] for n in columns)) for r in rows]
+    prefixed = pa.array([(3).to_bytes(4, "big") + b"pfx" + k for k in raw], pa.binary())
+    for keys, encoding in ((pa.array(raw, pa.binary()), "raw"), (prefixed, "prefix-v1")):
+        for fields in (len(columns), len(columns) - 1):
+            want = [h["columns"] for h in hashed] if fields == len(columns) else None
+            got = stored_key_hashes(folded, keys, encoding, fields).tolist()
+            if want is not None:
+                assert got == want, encoding
+            else:  # all but the nested struct: every step a column operation
+                spark_prefix = df.select(F.hash(*columns[:-1]).alias("h")).collect()
+                assert got == [h["h"] for h in spark_prefix], encoding
 
 
 @pytest.mark.parametrize("query", ["typed", "dedup", "keys"])

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.rewrite import PROVIDERS, RewriteError, plan_rewrite, rewrite
+from pystatestore.tools.rewrite_direct import runs_without_spark
 from spark_support import (
     HDFS_PROVIDER,
     OUR_PROVIDER,
@@ -184,7 +185,10 @@ def rewritten_run(
     before = tree_digest(ckpt)
     to = next(name for name, cls in PROVIDERS.items() if cls == target)
     plan = plan_rewrite(command, str(ckpt), str(new), **({"to": to} if command == "migrate" else {"partitions": n}))
-    rewrite(plan, spark, lambda what, done, total: None)
+    # Between pystatestore checkpoints the rewrite runs without Spark: given no session, it must.
+    direct = source == target == OUR_PROVIDER
+    assert runs_without_spark(plan) == direct
+    rewrite(plan, None if direct else spark, lambda what, done, total: None)
     assert tree_digest(ckpt) == before, "the rewrite changed its source checkpoint"
     write_input_files(tmp / "in", 3, 3)
     # The session still names the source provider and partition count: the checkpoint decides.
@@ -270,6 +274,35 @@ def test_an_interrupted_rewrite_leaves_a_checkpoint_spark_refuses(spark: SparkSe
         plan_rewrite("repartition", str(new), str(tmp_path / "again"), partitions=5)
     with pytest.raises(RewriteError, match="the output exists"):
         plan_rewrite("migrate", str(ckpt), str(new), to="pystatestore")
+
+
+def test_an_interrupted_rewrite_without_spark_leaves_a_checkpoint_spark_refuses(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ckpt = source_checkpoint(spark, "aggregation", tmp_path, provider=OUR_PROVIDER, partitions=4)
+    new = tmp_path / "rewritten"
+    before = tree_digest(ckpt)
+    plan = plan_rewrite("repartition", str(ckpt), str(new), partitions=7)
+    assert runs_without_spark(plan)
+
+    def die_at_the_third_store_written(what: str, done: int, total: int) -> None:
+        if what.startswith("writing") and done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rewrite(plan, None, die_at_the_third_store_written)
+    assert tree_digest(ckpt) == before
+    assert (new / "state" / "0" / "1" / "manifests").is_dir(), "the run stopped after writing stores"
+    with pytest.raises(Exception, match="MALFORMED_LOG_FILE.*pystatestore-rewrite-unfinished"):
+        run_batches(
+            spark,
+            "aggregation",
+            provider=OUR_PROVIDER,
+            partitions=4,
+            input_dir=tmp_path / "in",
+            checkpoint=new,
+            results={},
+        )
 
 
 def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession, tmp_path: Path) -> None:

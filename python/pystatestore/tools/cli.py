@@ -357,17 +357,8 @@ def report(checkpoint: str, output: str, deep: bool) -> None:
     err.print(f"report written to {output}; the checkpoint is {state}")
 
 
-def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: str, **target: Any) -> None:
-    from .rewrite import plan_rewrite, rewrite
-
-    try:
-        plan = plan_rewrite(command, checkpoint, output, **target)
-    except StateStoreError as e:
-        raise click.ClickException(str(e)) from None
-    for line in plan.describe():
-        out.print(line, highlight=False)
-    if dry_run:
-        return
+def _rewrite_session(command: str, master: str) -> Any:
+    """The local Spark session a rewrite that reads or writes Spark's providers runs in."""
     from pyspark.sql import SparkSession
 
     from ..spark_minors import configure_spark
@@ -381,13 +372,31 @@ def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: 
     )
     spark = configure_spark(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: str, **target: Any) -> None:
+    from .rewrite import plan_rewrite, rewrite
+
+    try:
+        plan = plan_rewrite(command, checkpoint, output, **target)
+    except StateStoreError as e:
+        raise click.ClickException(str(e)) from None
+    for line in plan.describe():
+        out.print(line, highlight=False)
+    if dry_run:
+        return
+    from .rewrite_direct import runs_without_spark
+
+    spark = None if runs_without_spark(plan) else _rewrite_session(command, master)
     try:
         with _progress(True) as progress:
             results = rewrite(plan, spark, progress)
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     for r in results:
         out.print(
             f"  {r.kind.label}: {r.rows:,} keys in {r.partitions} partitions ({r.seconds:.1f} s)", highlight=False

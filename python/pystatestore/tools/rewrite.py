@@ -96,6 +96,7 @@ class RewritePlan:
     stores: list[StoreKind]
     bytes_by_store: dict[StoreKind, int] = field(default_factory=dict)
     keys_by_store: dict[StoreKind, int] = field(default_factory=dict)  # where the checkpoint records them
+    key_encodings: dict[StoreKind, str] = field(default_factory=dict)  # pystatestore sources: how keys are stored
 
     @property
     def write_batch(self) -> int:
@@ -311,6 +312,7 @@ def plan_rewrite(
                 if f.is_file() and "_metadata" not in f.relative_to(d).parts
             )
     keys = {kind: n for kind in stores if (n := _recorded_keys(state, kind, source_partitions, last + 1)) is not None}
+    encodings = {kind: e for kind in stores if (e := _recorded_key_encoding(state, kind, last + 1)) is not None}
     return RewritePlan(
         command,
         source,
@@ -324,7 +326,17 @@ def plan_rewrite(
         stores,
         sizes,
         keys,
+        encodings,
     )
+
+
+def _recorded_key_encoding(state_root: Path, kind: StoreKind, version: int) -> str | None:
+    """How a pystatestore store records its keys (its partition 0's manifest of `version`)."""
+    try:
+        doc = json.loads((_store_dir(state_root, kind, 0) / "manifests" / f"{version}.json").read_text())
+        return str(doc.get("key_encoding", "raw"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _recorded_keys(state_root: Path, kind: StoreKind, partitions: int, version: int) -> int | None:
@@ -508,15 +520,44 @@ def _store_spec(writer: Any, state_root: Path, kind: StoreKind, schemas: tuple[s
 
 
 def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
-    """Runs `plan` in `spark` (a local session with the shim jar and adaptive execution off)."""
+    """Runs `plan`: in `spark` (a local session with the shim jar and adaptive execution off), or
+    without it where both ends are pystatestore (`spark` may then be None)."""
+    from .rewrite_direct import rewrite_our_stores, runs_without_spark
+
+    source_commits = _numbered(plan.source / "commits")[-1:]
+    if runs_without_spark(plan):
+        _start_output(plan)
+        results = rewrite_our_stores(plan, progress)
+    else:
+        if spark is None or spark.conf.get("spark.sql.adaptive.enabled") != "false":
+            raise RewriteError(
+                "the rewrite needs a Spark session with spark.sql.adaptive.enabled=false", store=str(plan.output)
+            )
+        _start_output(plan)
+        results = _rewrite_in_spark(plan, spark, progress)
+    if (
+        _numbered(plan.source / "commits")[-1:] != source_commits
+        or _numbered(plan.source / "offsets")[-1] > plan.read_batch
+    ):
+        raise RewriteError(
+            "the source checkpoint's logs moved while it was rewritten: a query is running on it",
+            store=str(plan.source),
+            advice="Stop the query, delete the output, and run the command again.",
+        )
+    shutil.rmtree(plan.output / SCRATCH_DIR, ignore_errors=True)
+    _write_commit(plan)
+    if plan.target_provider == PROVIDER_CLASS:
+        _verify_our_stores(plan)
+    _publish_offsets(plan)
+    return results
+
+
+def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
+    """Every store of `plan` read with Spark's state reader, placed by Spark's shuffle and written
+    through the target provider's own code (the shim's StateRewrite), then read back through it."""
     from pyspark.sql import functions as F
 
-    if spark.conf.get("spark.sql.adaptive.enabled") != "false":
-        raise RewriteError("the rewrite session must run with spark.sql.adaptive.enabled=false", store=str(plan.output))
-    jvm = spark._jvm
-    writer = jvm.org.pystatestore.StateRewrite
-    source_commits = _numbered(plan.source / "commits")[-1:]
-    _start_output(plan)
+    writer = spark._jvm.org.pystatestore.StateRewrite
     scratch = plan.output / SCRATCH_DIR
     results: list[StoreResult] = []
     ours = plan.target_provider == PROVIDER_CLASS
@@ -534,8 +575,6 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
         fields = [f.name for f in key_type.fields]
         hashed = _OPERATORS[kind.operator_name](kind.store_name, len(fields), kind.num_cols_prefix_key)
         shuffle_cols = [F.col("key").getField(name) for name in fields[: hashed if hashed is not None else len(fields)]]
-        # Every key must sit where Spark's shuffle put it: the check that the columns above are the
-        # ones Spark hashes, on this very data, before they place keys for the new partition count.
         # Every key must sit where Spark's shuffle put it: the check that the columns above are the
         # ones Spark hashes, on this very data, made in the same pass that writes.
         misplaced = F.pmod(F.hash(*shuffle_cols), F.lit(plan.source_partitions)) != F.col("partition_id")
@@ -581,18 +620,4 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
         total = sum(rows for rows, _ in written.values())
         results.append(StoreResult(kind, total, plan.target_partitions, time.perf_counter() - started))
     progress("rewriting stores", len(plan.stores), len(plan.stores))
-    if (
-        _numbered(plan.source / "commits")[-1:] != source_commits
-        or _numbered(plan.source / "offsets")[-1] > plan.read_batch
-    ):
-        raise RewriteError(
-            "the source checkpoint's logs moved while it was rewritten: a query is running on it",
-            store=str(plan.source),
-            advice="Stop the query, delete the output, and run the command again.",
-        )
-    shutil.rmtree(scratch, ignore_errors=True)
-    _write_commit(plan)
-    if ours:
-        _verify_our_stores(plan)
-    _publish_offsets(plan)
     return results

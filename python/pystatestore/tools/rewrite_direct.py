@@ -1,0 +1,194 @@
+"""`pystatestore repartition` of a pystatestore checkpoint, without Spark.
+
+Both ends are this package's own format, so nothing needs a JVM: each source store's state is read
+from its files (changelog segments as Arrow where they hold the whole state, else restored as a
+worker would), every stored key is placed by Spark's hash computed on its UnsafeRow bytes
+(`spark_hash.stored_key_hashes`), and each target store's state is committed by the same backend
+code a worker runs, as the one version after the new batch. The stored key and value bytes move
+unchanged. What the Spark route checks, this one checks too: every key must sit where the hash puts
+it for the source partition count (the proof that the hash and the key columns are Spark's, on this
+very data), and every store written is read back from its files and compared before the checkpoint
+is published. See docs/decisions/0026-state-rewrite.md.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from ..spark_minors import PROVIDER_CLASS
+from ..store import frames
+from ..store.backends import BACKENDS, StoreContext
+from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
+from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
+from ..store.remote import RemoteStore
+from .checkpoint import StoreLocation, StoreReader
+from .spark_hash import stored_key_hashes
+from .unsafe_row import parse_schema
+
+if TYPE_CHECKING:
+    from .rewrite import RewritePlan, StoreKind, StoreResult
+
+OPTION_PREFIX = "spark.sql.streaming.stateStore.pystatestore."
+DEFAULT_BACKEND = "rocksdb"
+
+
+def store_options(conf: dict[str, str]) -> dict[str, str]:
+    """The worker options a store opened under `conf` gets (its pystatestore confs, prefix
+    stripped), as the shim passes them. A rewrite's stores keep no local recovery copies: the query
+    restarted on the result may run on another host."""
+    options = {k[len(OPTION_PREFIX) :]: v for k, v in conf.items() if k.startswith(OPTION_PREFIX)}
+    return {**options, "localRecovery": "false"}
+
+
+def stored_key_encoding(kind: StoreKind, conf: dict[str, str]) -> str:
+    """How the shim stores this kind's keys under `conf`: the prefix row first where the store is
+    prefix-scanned and read through views (every backend but memory), else the row alone
+    (Provider.scala: keyCodec)."""
+    backend = store_options(conf).get("backend", DEFAULT_BACKEND)
+    return KEY_ENCODING_PREFIX if kind.num_cols_prefix_key > 0 and backend != "memory" else KEY_ENCODING_RAW
+
+
+def runs_without_spark(plan: RewritePlan) -> bool:
+    """Whether both ends are pystatestore with the key encoding unchanged: then nothing needs Spark."""
+    return plan.source_provider == plan.target_provider == PROVIDER_CLASS and all(
+        plan.key_encodings.get(kind) == stored_key_encoding(kind, plan.new_conf) for kind in plan.stores
+    )
+
+
+def _location(root: str, kind: StoreKind, partition: int) -> StoreLocation:
+    parts = [str(kind.operator_id), str(partition)] + ([] if kind.store_name == "default" else [kind.store_name])
+    return StoreLocation(kind.operator_id, partition, kind.store_name, f"file:{root}/state/" + "/".join(parts))
+
+
+def _placed(
+    plan: RewritePlan, kind: StoreKind, progress: Callable[[str, int, int], None]
+) -> tuple[list[list[pa.Table]], tuple[str, str, str]]:
+    """Every key of the source stores of `kind`, split by the target partition Spark's hash gives
+    it, and the stores' (key schema, value schema, key encoding)."""
+    from .rewrite import _OPERATORS, RewriteError
+
+    pieces: list[list[pa.Table]] = [[] for _ in range(plan.target_partitions)]
+    version = plan.read_batch + 1
+    schemas: tuple[str, str, str] | None = None
+    misplaced = 0
+    hashed_fields = 0
+    for p in range(plan.source_partitions):
+        progress(f"reading {kind.label}", p, plan.source_partitions)
+        with StoreReader(_location(str(plan.source), kind, p)) as reader:
+            state = reader.state_table(version)
+            if schemas is None:
+                schemas = reader.schemas(version)
+        key_type = parse_schema(schemas[0])
+        hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
+        hashed_fields = len(key_type.fields) if hashed is None else hashed
+        h = stored_key_hashes(key_type, state.column("key"), schemas[2], hashed_fields).astype(np.int64)
+        misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
+        target = h % plan.target_partitions
+        order = np.argsort(target, kind="stable")
+        bounds = np.searchsorted(target[order], np.arange(plan.target_partitions + 1))
+        ordered = state.take(pa.array(order))
+        for t in range(plan.target_partitions):
+            if bounds[t + 1] > bounds[t]:
+                pieces[t].append(ordered.slice(int(bounds[t]), int(bounds[t + 1] - bounds[t])))
+    progress(f"reading {kind.label}", plan.source_partitions, plan.source_partitions)
+    if misplaced:
+        raise RewriteError(
+            f"{misplaced} keys of {kind.label} are not in the partition Spark's hash of {hashed_fields} key columns "
+            "gives: this operator's keys cannot be placed by a rewrite",
+            store=str(plan.source),
+            file=f"state/{kind.operator_id}",
+            advice="The output is left unfinished; delete it. Report the operator: its keys need another rule.",
+        )
+    assert schemas is not None
+    return pieces, schemas
+
+
+def _write_store(
+    plan: RewritePlan, kind: StoreKind, partition: int, state: pa.Table, schemas: tuple[str, str, str], work: str
+) -> None:
+    """Commits `state` (key order) as the whole state of version `plan.state_version` of the store."""
+    location = _location(str(plan.output), kind, partition)
+    key_schema, value_schema, key_encoding = schemas
+    conf = plan.new_conf
+    options = store_options(conf)
+    ctx = StoreContext(
+        store_dir=location.uri,
+        operator_id=kind.operator_id,
+        partition_id=partition,
+        store_name=kind.store_name,
+        key_schema=key_schema,
+        value_schema=value_schema,
+        min_versions_to_retain=int(conf.get("spark.sql.streaming.minBatchesToRetain", "100")),
+        orphan_grace_seconds=float(options.get("orphanGraceSeconds", DEFAULT_ORPHAN_GRACE_SECONDS)),
+        options=options,
+        local_dir=work,
+        key_encoding=key_encoding,
+        views_dir=work,
+        host_dir=work,
+        min_deltas_for_snapshot=int(conf.get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10")),
+    )
+    backend = BACKENDS[options.get("backend", DEFAULT_BACKEND)](ctx, RemoteStore(location.uri))
+    try:
+        changes = pa.table(
+            [pa.array(np.full(state.num_rows, frames.OP_PUT, np.int8)), state.column("key"), state.column("value")],
+            schema=frames.CHANGES_SCHEMA,
+        )
+        backend.commit(
+            plan.write_batch,
+            changes,
+            f"pystatestore-{plan.command}-{uuid.uuid4().hex}",
+            "",
+            num_keys=state.num_rows,
+            empty_base=True,
+        )
+    finally:
+        backend.close()
+
+
+def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
+    """Writes the state of every store of `plan` (both ends pystatestore) into the output, each
+    store read back from its files and compared with what was written."""
+    from .rewrite import RewriteError, StoreResult
+
+    results: list[StoreResult] = []
+    with tempfile.TemporaryDirectory(prefix="pystatestore-rewrite-") as work:
+        for kind in plan.stores:
+            started = time.perf_counter()
+            pieces, schemas = _placed(plan, kind, progress)
+            if schemas[2] != stored_key_encoding(kind, plan.new_conf):  # runs_without_spark checked the plan
+                raise RewriteError(f"{kind.label} stores keys as {schemas[2]}", store=str(plan.source))
+            total = 0
+            for t in range(plan.target_partitions):
+                progress(f"writing {kind.label}", t, plan.target_partitions)
+                state = (
+                    pa.concat_tables(pieces[t]).sort_by([("key", "ascending")])
+                    if pieces[t]
+                    else pa.table({"key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
+                )
+                pieces[t] = []
+                _write_store(plan, kind, t, state, schemas, work)
+                with StoreReader(_location(str(plan.output), kind, t)) as reader:
+                    back = reader.state_table(plan.state_version)
+                if back.schema != state.schema:
+                    back = back.cast(state.schema)
+                if not back.equals(state):
+                    raise RewriteError(
+                        f"{kind.label} partition {t}: read back {back.num_rows} rows, not the {state.num_rows} written",
+                        store=str(plan.output),
+                        version=plan.state_version,
+                        advice="The output is left unfinished; delete it and report this with the worker logs.",
+                    )
+                total += state.num_rows
+            progress(f"writing {kind.label}", plan.target_partitions, plan.target_partitions)
+            results.append(StoreResult(kind, total, plan.target_partitions, time.perf_counter() - started))
+    return results
+
+
+__all__ = ["rewrite_our_stores", "runs_without_spark", "store_options", "stored_key_encoding"]
