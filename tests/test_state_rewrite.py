@@ -217,10 +217,14 @@ ROUTES = {
     "ours_4_to_7_partitions": (OUR_PROVIDER, 4, OUR_PROVIDER, 7),
     "hdfs_7_to_2_partitions": (HDFS_PROVIDER, 7, HDFS_PROVIDER, 2),
     "ours_in_snapshot_commits_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
+    # without Spark, from stores restored from SST snapshots rather than read as changelog segments
+    "ours_in_snapshot_commits_4_to_7_partitions": (OUR_PROVIDER, 4, OUR_PROVIDER, 7),
 }
 # The source's conf per route: pystatestore commits changelogs by default; one route reads snapshot commits.
+SNAPSHOT_COMMITS = {"spark.sql.streaming.stateStore.pystatestore.commitMode": "snapshot"}
 SOURCE_CONF = {
-    "ours_in_snapshot_commits_to_hdfs": {"spark.sql.streaming.stateStore.pystatestore.commitMode": "snapshot"}
+    "ours_in_snapshot_commits_to_hdfs": SNAPSHOT_COMMITS,
+    "ours_in_snapshot_commits_4_to_7_partitions": SNAPSHOT_COMMITS,
 }
 
 

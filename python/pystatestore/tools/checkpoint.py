@@ -301,22 +301,20 @@ class StoreReader:
     def state_table(self, version: int) -> pa.Table:
         """Every (key, value) of `version` as one table in key order: from its changelog segments
         where they hold it all, else restored (see `pairs`)."""
-        state = self._state_from_segments(version)
-        if state is not None:
-            return state
+        chain = self._segment_chain(version)
+        if chain is not None:
+            with self._download_progress(version):
+                return self._state_from_segments(version, chain)
         pairs = list(self.pairs(version))
         return pa.table(
             [_binary_array([k for k, _ in pairs]), _binary_array([v for _, v in pairs])], names=["key", "value"]
         )
 
-    def _state_from_segments(self, version: int) -> pa.Table | None:
-        """`version`'s whole state from changelog segments alone, when its chain holds every change
-        back to version 1 or to a compact snapshot's segment: nothing is restored into a local DB
-        (a rewrite reads hundreds of stores once each). Applying the changes oldest first is what
-        a restore's replay does (replay.newest_change_per_key). None when the chain starts at a
+    def _segment_chain(self, version: int) -> list[Manifest] | None:
+        """`version`'s chain, newest first, when its changelog segments hold its whole state: every
+        change back to version 1 or to a compact snapshot's segment. None when the chain starts at a
         snapshot of SST files or its older part is gone: restore those."""
         from ..store.backends.rocksdb import RocksDBBackend
-        from ..store.backends.rocksdb.replay import newest_change_per_key, segment_batches
 
         backend = self.backend
         if not isinstance(backend, RocksDBBackend):
@@ -325,11 +323,19 @@ class StoreReader:
             chain = list(backend.chain_back(backend.read_manifest(version)))
         except CheckpointMissingError:
             return None
-        if any(m.changes is None for m in chain):
-            return None
+        return chain if all(m.changes is not None for m in chain) else None
+
+    def _state_from_segments(self, version: int, chain: list[Manifest]) -> pa.Table:
+        """The state `chain`'s segments hold, built without a local DB (a rewrite reads hundreds
+        of stores once each): each key's newest change, oldest version first, as a restore's
+        replay applies them (replay.newest_change_per_key), deletes dropped."""
+        from ..store.backends.rocksdb import RocksDBBackend
+        from ..store.backends.rocksdb.replay import newest_change_per_key, segment_batches
+
+        backend = self.backend
+        assert isinstance(backend, RocksDBBackend)
         tables = [
-            pa.Table.from_batches(list(segment_batches(backend, m)), frames.CHANGES_SCHEMA)
-            for m in reversed(chain)  # oldest first: each key's newest change wins
+            pa.Table.from_batches(list(segment_batches(backend, m)), frames.CHANGES_SCHEMA) for m in reversed(chain)
         ]
         state = newest_change_per_key(tables)
         state = state.filter(pc.equal(state.column("op"), frames.OP_PUT)).select(["key", "value"])

@@ -66,7 +66,12 @@ def read_state(
                 locations, version, progress, lambda reader, loc: _looked_up(reader, version, plan.by_partition[loc])
             )
         notice(f"scanning every partition for the key: {plan.scan_reason}")
-    return _read_stores(locations, version, progress, lambda reader, loc: reader.pairs(version), keys)
+    return _read_stores(locations, version, progress, lambda reader, loc: _all_pairs(reader, version), keys)
+
+
+def _all_pairs(reader: StoreReader, version: int) -> Iterator[tuple[bytes, bytes]]:
+    state = reader.state_table(version)
+    return zip(state.column("key").to_pylist(), state.column("value").to_pylist(), strict=True)
 
 
 def _looked_up(reader: StoreReader, version: int, stored_keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
