@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..spark_minors import PROVIDER_CLASS
+from ..spark_minors import CONF_PREFIX, PROVIDER_CLASS
 from ..store.errors import CheckpointMissingError, StoreConfigError
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -559,6 +559,9 @@ def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, in
 
     writer = spark._jvm.org.pystatestore.StateRewrite
     scratch = plan.output / SCRATCH_DIR
+    # Our stores keep no local recovery copy of what a rewrite writes (the query may restart on
+    # another host), and the read-back must read the checkpoint's files, never such a copy.
+    our_conf = {**plan.new_conf, CONF_PREFIX + "localRecovery": "false"}
     results: list[StoreResult] = []
     ours = plan.target_provider == PROVIDER_CLASS
     for i, kind in enumerate(plan.stores):
@@ -585,7 +588,7 @@ def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, in
 
         if ours:  # an empty store at the new batch, whose commit is the state after it
             write_spec, base = (
-                _store_spec(writer, plan.output / "state", kind, schemas, plan.new_conf),
+                _store_spec(writer, plan.output / "state", kind, schemas, our_conf),
                 plan.write_batch,
             )
         else:  # the provider's own first version, moved into place below
@@ -604,7 +607,7 @@ def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, in
             )
         if not ours:
             _place_spark_version(plan, kind, scratch / "state")
-        read_spec = _store_spec(writer, plan.output / "state", kind, schemas, plan.new_conf)
+        read_spec = _store_spec(writer, plan.output / "state", kind, schemas, our_conf if ours else plan.new_conf)
         read_back, _ = _summaries(
             writer.readBack(spark._jsparkSession, plan.target_partitions, read_spec, plan.state_version)
         )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from ..spark_minors import PROVIDER_CLASS
+from ..spark_minors import CONF_PREFIX, PROVIDER_CLASS
 from ..store import frames
 from ..store.backends import BACKENDS, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
@@ -35,7 +35,6 @@ from .unsafe_row import parse_schema
 if TYPE_CHECKING:
     from .rewrite import RewritePlan, StoreKind, StoreResult
 
-OPTION_PREFIX = "spark.sql.streaming.stateStore.pystatestore."
 DEFAULT_BACKEND = "rocksdb"
 
 
@@ -43,7 +42,7 @@ def store_options(conf: dict[str, str]) -> dict[str, str]:
     """The worker options a store opened under `conf` gets (its pystatestore confs, prefix
     stripped), as the shim passes them. A rewrite's stores keep no local recovery copies: the query
     restarted on the result may run on another host."""
-    options = {k[len(OPTION_PREFIX) :]: v for k, v in conf.items() if k.startswith(OPTION_PREFIX)}
+    options = {k[len(CONF_PREFIX) :]: v for k, v in conf.items() if k.startswith(CONF_PREFIX)}
     return {**options, "localRecovery": "false"}
 
 
