@@ -331,7 +331,8 @@ def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession,
 
 
 def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_path: Path) -> None:
-    """As a user runs it: `pystatestore repartition` in a process (and a JVM) of its own."""
+    """As a user runs it: `pystatestore repartition` in a process of its own (between pystatestore
+    checkpoints it starts no JVM)."""
     import os
     import subprocess
     import sys
@@ -354,6 +355,7 @@ def test_the_command_prints_its_plan_and_what_it_wrote(spark: SparkSession, tmp_
     assert plan.returncode == 0, plan.stderr
     assert "partitions 3 -> 5" in plan.stdout and "operator 0 (stateStoreSave)" in plan.stdout, plan.stdout
     assert "15 keys" in plan.stdout, plan.stdout  # as the manifests record them
+    assert "runs without Spark" in plan.stdout, plan.stdout
     assert not out.exists()
     done = cli("repartition", str(ckpt), "--partitions", "5", "-o", str(out))
     assert done.returncode == 0, done.stderr

@@ -382,13 +382,20 @@ def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: 
         plan = plan_rewrite(command, checkpoint, output, **target)
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
-    for line in plan.describe():
-        out.print(line, highlight=False)
-    if dry_run:
-        return
     from .rewrite_direct import runs_without_spark
 
-    spark = None if runs_without_spark(plan) else _rewrite_session(command, master)
+    direct = runs_without_spark(plan)
+    for line in plan.describe():
+        out.print(line, highlight=False)
+    out.print(
+        "  runs without Spark: both ends are pystatestore's files"
+        if direct
+        else f"  runs in a local Spark session ({master})",
+        highlight=False,
+    )
+    if dry_run:
+        return
+    spark = None if direct else _rewrite_session(command, master)
     try:
         with _progress(True) as progress:
             results = rewrite(plan, spark, progress)
