@@ -2,16 +2,17 @@
 
 Workload: a `groupBy("k").agg(count, sum)` aggregation over N distinct keys (default 1M) with
 Spark's default 200 shuffle partitions, written in two batches; one checkpoint on Spark's RocksDB
-provider, one on pystatestore. Then, each step in a process (and a driver JVM) of its own, on
-`local[2]`, in rotating order, `--repeat` times:
+provider, one on pystatestore. Then, each step in a process of its own (and a driver JVM where it
+starts Spark), on `local[2]`, in rotating order, `--repeat` times:
 
 - `spark-repartition`: Spark 4.2+'s `spark.streamingCheckpointManager.repartition(ckpt, 50)` of
   the RocksDB checkpoint (in place, on a fresh copy each time; the copy is not timed);
-- `pss-repartition`: `pystatestore repartition` of the pystatestore checkpoint to 50 partitions;
+- `pss-repartition`: `pystatestore repartition` of the pystatestore checkpoint to 50 partitions
+  (both ends pystatestore: it starts no JVM);
 - `pss-migrate`: `pystatestore migrate --to pystatestore` of the RocksDB checkpoint.
 
-Reported: the wall time of each step's process (JVM start included for all), median of the runs,
-and ratios to Spark's repartition (goals: repartition at most 0.5x, migrate at most 1.0x). Every
+Reported: the wall time of each step's process (JVM start included where there is one), median of
+the runs, and ratios to Spark's repartition (goals: repartition at most 0.5x, migrate at most 1.0x). Every
 result is checked: its offset log names the new provider and partition count, and its state,
 read back with Spark's state reader, has every key once with the counts the workload wrote.
 
@@ -231,7 +232,8 @@ def main() -> None:
         f"--to-partitions {args.to_partitions} --repeat {args.repeat}   ({(time.time() - started) / 60:.0f} min wall)",
         f"# workload: aggregation, {args.keys:,} keys, {args.partitions} partitions; checkpoints built in "
         f"{build_s['rocksdb']:.0f} s (RocksDB) and {build_s['pystatestore']:.0f} s (pystatestore)",
-        "# each step: the wall time of its own process and driver JVM (JVM start included), every result checked",
+        "# each step: the wall time of its own process (and driver JVM start where it starts Spark; "
+        "pss-repartition starts none), every result checked",
         f"{'step':<20}{'median s':>10}{'min s':>10}{'max s':>10}{'vs Spark':>10}",
     ]
     for s in STEPS:

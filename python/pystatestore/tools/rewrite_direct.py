@@ -5,7 +5,9 @@ from its files (changelog segments as Arrow where they hold the whole state, els
 worker would), every stored key is placed by Spark's hash computed on its UnsafeRow bytes
 (`spark_hash.stored_key_hashes`), and each target store's state is committed by the same backend
 code a worker runs, as the one version after the new batch. The stored key and value bytes move
-unchanged. What the Spark route checks, this one checks too: every key must sit where the hash puts
+unchanged. Placed keys wait on disk (a file per source store, ordered by target partition), so
+one store's state at a time is in memory, as in a Spark task. What the Spark route checks, this one
+checks too: every key must sit where the hash puts
 it for the source partition count (the proof that the hash and the key columns are Spark's, on this
 very data), and every store written is read back from its files and compared before the checkpoint
 is published. See docs/decisions/0026-state-rewrite.md.
@@ -17,6 +19,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,16 +70,40 @@ def _location(root: str, kind: StoreKind, partition: int) -> StoreLocation:
     return StoreLocation(kind.operator_id, partition, kind.store_name, f"file:{root}/state/" + "/".join(parts))
 
 
-def _placed(
-    plan: RewritePlan, kind: StoreKind, progress: Callable[[str, int, int], None]
-) -> tuple[list[list[pa.Table]], tuple[str, str, str]]:
-    """Every key of the source stores of `kind`, split by the target partition Spark's hash gives
-    it, and the stores' (key schema, value schema, key encoding)."""
+@dataclass
+class _Placed:
+    """The keys of every source store of a kind, each store's in one file ordered by target
+    partition (`bounds[p][t]`: where target t's rows start in source p's file): a state larger
+    than memory is held on disk, and only one target store at a time in memory."""
+
+    files: list[Path]
+    bounds: list[np.ndarray]
+    schemas: tuple[str, str, str]  # key schema, value schema, key encoding
+    _tables: dict[Path, pa.Table] = field(default_factory=dict)
+
+    def target_state(self, target: int) -> pa.Table:
+        """Target partition `target`'s state, in key order."""
+        slices = []
+        for path, bounds in zip(self.files, self.bounds, strict=True):
+            start, end = int(bounds[target]), int(bounds[target + 1])
+            if end > start:
+                if path not in self._tables:  # memory-mapped: the page cache holds it, not the heap
+                    self._tables[path] = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+                slices.append(self._tables[path].slice(start, end - start))
+        if not slices:
+            return frames.STATE_SCHEMA.empty_table()
+        return pa.concat_tables(slices).sort_by([("key", "ascending")])
+
+
+def _placed(plan: RewritePlan, kind: StoreKind, work: Path, progress: Callable[[str, int, int], None]) -> _Placed:
+    """Every key of the source stores of `kind`, ordered by the target partition Spark's hash gives
+    it, one file per source store under `work`."""
     from .rewrite import _OPERATORS, RewriteError
 
-    pieces: list[list[pa.Table]] = [[] for _ in range(plan.target_partitions)]
     version = plan.read_batch + 1
     schemas: tuple[str, str, str] | None = None
+    files: list[Path] = []
+    all_bounds: list[np.ndarray] = []
     misplaced = 0
     hashed_fields = 0
     for p in range(plan.source_partitions):
@@ -91,11 +119,13 @@ def _placed(
         misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
         target = h % plan.target_partitions
         order = np.argsort(target, kind="stable")
-        bounds = np.searchsorted(target[order], np.arange(plan.target_partitions + 1))
+        all_bounds.append(np.searchsorted(target[order], np.arange(plan.target_partitions + 1)))
         ordered = state.take(pa.array(order))
-        for t in range(plan.target_partitions):
-            if bounds[t + 1] > bounds[t]:
-                pieces[t].append(ordered.slice(int(bounds[t]), int(bounds[t + 1] - bounds[t])))
+        if ordered.schema != frames.STATE_SCHEMA:
+            ordered = ordered.cast(frames.STATE_SCHEMA)
+        files.append(work / f"source-{p}.arrow")
+        with pa.ipc.new_file(str(files[-1]), frames.STATE_SCHEMA) as out:
+            out.write_table(ordered)
     progress(f"reading {kind.label}", plan.source_partitions, plan.source_partitions)
     if misplaced:
         raise RewriteError(
@@ -106,7 +136,7 @@ def _placed(
             advice="The output is left unfinished; delete it. Report the operator: its keys need another rule.",
         )
     assert schemas is not None
-    return pieces, schemas
+    return _Placed(files, all_bounds, schemas)
 
 
 def _write_store(
@@ -157,22 +187,19 @@ def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], No
     from .rewrite import RewriteError, StoreResult
 
     results: list[StoreResult] = []
-    with tempfile.TemporaryDirectory(prefix="pystatestore-rewrite-") as work:
-        for kind in plan.stores:
-            started = time.perf_counter()
-            pieces, schemas = _placed(plan, kind, progress)
+    for kind in plan.stores:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="pystatestore-rewrite-") as scratch:
+            work = Path(scratch)
+            placed = _placed(plan, kind, work, progress)
+            schemas = placed.schemas
             if schemas[2] != stored_key_encoding(kind, plan.new_conf):  # runs_without_spark checked the plan
                 raise RewriteError(f"{kind.label} stores keys as {schemas[2]}", store=str(plan.source))
             total = 0
             for t in range(plan.target_partitions):
                 progress(f"writing {kind.label}", t, plan.target_partitions)
-                state = (
-                    pa.concat_tables(pieces[t]).sort_by([("key", "ascending")])
-                    if pieces[t]
-                    else pa.table({"key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
-                )
-                pieces[t] = []
-                _write_store(plan, kind, t, state, schemas, work)
+                state = placed.target_state(t)
+                _write_store(plan, kind, t, state, schemas, str(work))
                 with StoreReader(_location(str(plan.output), kind, t)) as reader:
                     back = reader.state_table(plan.state_version)
                 if back.schema != state.schema:
@@ -186,7 +213,7 @@ def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], No
                     )
                 total += state.num_rows
             progress(f"writing {kind.label}", plan.target_partitions, plan.target_partitions)
-            results.append(StoreResult(kind, total, plan.target_partitions, time.perf_counter() - started))
+        results.append(StoreResult(kind, total, plan.target_partitions, time.perf_counter() - started))
     return results
 
 
