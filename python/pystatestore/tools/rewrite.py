@@ -524,17 +524,14 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
     without it where both ends are pystatestore (`spark` may then be None)."""
     from .rewrite_direct import rewrite_our_stores, runs_without_spark
 
+    direct = runs_without_spark(plan)
+    if not direct and (spark is None or spark.conf.get("spark.sql.adaptive.enabled") != "false"):
+        raise RewriteError(
+            "the rewrite needs a Spark session with spark.sql.adaptive.enabled=false", store=str(plan.output)
+        )
     source_commits = _numbered(plan.source / "commits")[-1:]
-    if runs_without_spark(plan):
-        _start_output(plan)
-        results = rewrite_our_stores(plan, progress)
-    else:
-        if spark is None or spark.conf.get("spark.sql.adaptive.enabled") != "false":
-            raise RewriteError(
-                "the rewrite needs a Spark session with spark.sql.adaptive.enabled=false", store=str(plan.output)
-            )
-        _start_output(plan)
-        results = _rewrite_in_spark(plan, spark, progress)
+    _start_output(plan)
+    results = rewrite_our_stores(plan, progress) if direct else _rewrite_in_spark(plan, spark, progress)
     if (
         _numbered(plan.source / "commits")[-1:] != source_commits
         or _numbered(plan.source / "offsets")[-1] > plan.read_batch

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..spark_minors import CONF_PREFIX, PROVIDER_CLASS
 from ..store import frames
-from ..store.backends import BACKENDS, StoreContext
+from ..store.backends import BACKENDS, DEFAULT_BACKEND, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
@@ -38,8 +38,6 @@ from .unsafe_row import parse_schema
 
 if TYPE_CHECKING:
     from .rewrite import RewritePlan, StoreKind, StoreResult
-
-DEFAULT_BACKEND = "rocksdb"
 
 
 def store_options(conf: dict[str, str]) -> dict[str, str]:
@@ -66,8 +64,11 @@ def runs_without_spark(plan: RewritePlan) -> bool:
 
 
 def _location(root: str, kind: StoreKind, partition: int) -> StoreLocation:
-    parts = [str(kind.operator_id), str(partition)] + ([] if kind.store_name == "default" else [kind.store_name])
-    return StoreLocation(kind.operator_id, partition, kind.store_name, f"file:{root}/state/" + "/".join(parts))
+    from .rewrite import _store_dir
+
+    return StoreLocation(
+        kind.operator_id, partition, kind.store_name, f"file:{_store_dir(Path(root) / 'state', kind, partition)}"
+    )
 
 
 @dataclass
@@ -112,9 +113,9 @@ def _placed(plan: RewritePlan, kind: StoreKind, work: Path, progress: Callable[[
             state = reader.state_table(version)
             if schemas is None:
                 schemas = reader.schemas(version)
-        key_type = parse_schema(schemas[0])
-        hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
-        hashed_fields = len(key_type.fields) if hashed is None else hashed
+                key_type = parse_schema(schemas[0])
+                hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
+                hashed_fields = len(key_type.fields) if hashed is None else hashed
         h = stored_key_hashes(key_type, state.column("key"), schemas[2], hashed_fields).astype(np.int64)
         misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
         target = h % plan.target_partitions
@@ -193,8 +194,6 @@ def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], No
             work = Path(scratch)
             placed = _placed(plan, kind, work, progress)
             schemas = placed.schemas
-            if schemas[2] != stored_key_encoding(kind, plan.new_conf):  # runs_without_spark checked the plan
-                raise RewriteError(f"{kind.label} stores keys as {schemas[2]}", store=str(plan.source))
             total = 0
             for t in range(plan.target_partitions):
                 progress(f"writing {kind.label}", t, plan.target_partitions)
