@@ -257,13 +257,18 @@ def test_an_interrupted_rewrite_leaves_a_checkpoint_spark_refuses(spark: SparkSe
     plan = plan_rewrite("migrate", str(ckpt), str(new), to="pystatestore")
     assert len(plan.stores) == 4
 
+    started: set[str] = set()
+
     def die_at_the_third_store(what: str, done: int, total: int) -> None:
-        if done == 2:
-            raise KeyboardInterrupt  # what a user's Ctrl-C does mid-run
+        if what.startswith("writing"):
+            started.add(what)
+            if len(started) == 3:
+                raise KeyboardInterrupt  # what a user's Ctrl-C does mid-run
 
     with pytest.raises(KeyboardInterrupt):
         rewrite(plan, spark, die_at_the_third_store)
     assert tree_digest(ckpt) == before
+    assert len(started) == 3, "the run stopped after writing two of the join's four stores"
     with pytest.raises(Exception, match="MALFORMED_LOG_FILE.*pystatestore-rewrite-unfinished"):
         run_batches(
             spark,

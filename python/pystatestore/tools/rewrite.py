@@ -4,16 +4,17 @@ Spark keeps a query's provider class and shuffle partition count in its offset l
 the checkpoint, so neither can change by conf. A rewrite reads the state of the last committed
 batch B (Spark's state data source, so any provider's files are read by that provider's code),
 places every key in the partition Spark's `HashPartitioning` gives it for the target partition
-count, and writes it through the target provider's own `StateStoreProvider` (the shim's
-`StateRewrite`) as the state after a new batch B+1 that reads no input: the same offsets as B, the
+count, and writes it as the target provider's own code writes it (Spark's providers through
+their `StateStoreProvider`, the shim's `StateRewrite`; ours by the backend's commit, see
+rewrite_direct.py) as the state after a new batch B+1 that reads no input: the same offsets as B, the
 conf naming the target provider and partition count. The query restarted on the result goes on
 with batch B+2, exactly once. This is what Spark 4.2+'s own offline repartitioning does for its
 RocksDB provider; see docs/decisions/0026-state-rewrite.md.
 
 Nothing is lost and nothing is half-done: the source checkpoint is only read; the new one starts
 with `offsets/<B+1>` holding one line that Spark refuses as a malformed log and names (so a query
-started on an unfinished rewrite fails, naming it), every store written is read back through its
-provider and compared with what was meant to be written, and the last step replaces that line by
+started on an unfinished rewrite fails, naming it), every store written is read back by its
+provider's code and compared with what was meant to be written, and the last step replaces that line by
 the real offsets.
 """
 
@@ -26,12 +27,18 @@ import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from ..spark_minors import CONF_PREFIX, PROVIDER_CLASS
+import pyarrow as pa
+
+from ..spark_minors import PROVIDER_CLASS
 from ..store.errors import CheckpointMissingError, StoreConfigError
+
+if TYPE_CHECKING:
+    from .rewrite_direct import Source
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -531,7 +538,12 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
         )
     source_commits = _numbered(plan.source / "commits")[-1:]
     _start_output(plan)
-    results = rewrite_our_stores(plan, progress) if direct else _rewrite_in_spark(plan, spark, progress)
+    if direct:
+        results = rewrite_our_stores(plan, progress)
+    elif plan.target_provider == PROVIDER_CLASS:
+        results = rewrite_our_stores(plan, progress, partial(_exported_source, plan, spark))
+    else:
+        results = _rewrite_in_spark(plan, spark, progress)
     if (
         _numbered(plan.source / "commits")[-1:] != source_commits
         or _numbered(plan.source / "offsets")[-1] > plan.read_batch
@@ -549,28 +561,61 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
     return results
 
 
+def _state_reader(plan: RewritePlan, spark: Any, kind: StoreKind) -> Any:
+    """Spark's state data source over the last committed batch's state of `kind`'s stores."""
+    return (
+        spark.read.format("statestore")
+        .option("batchId", plan.read_batch)
+        .option("operatorId", kind.operator_id)
+        .option("storeName", kind.store_name)
+        .load(str(plan.source))
+    )
+
+
+def _exported_source(plan: RewritePlan, spark: Any, kind: StoreKind, work: Path) -> Source:
+    """The state of `kind`'s source stores read by Spark's state reader (so by the source
+    provider's own code) and exported by the shim into `work` as the bytes our store keeps."""
+    from .rewrite_direct import Source, stored_key_encoding
+
+    writer = spark._jvm.org.pystatestore.StateRewrite
+    reader = _state_reader(plan, spark, kind)
+    schemas = (reader.schema["key"].dataType.json(), reader.schema["value"].dataType.json())
+    spec = _store_spec(writer, plan.source / "state", kind, schemas, {})
+    encoding = stored_key_encoding(kind, plan.new_conf)
+    exported = writer.export(reader._jdf, plan.source_partitions, spec, encoding, str(work))
+    rows = {int(doc["partition"]): int(doc["rows"]) for doc in map(json.loads, map(str, exported))}
+
+    def state(p: int) -> pa.Table:
+        path = work / f"source-{p}.arrow"
+        with pa.OSFile(str(path)) as f:
+            table = pa.ipc.open_stream(f).read_all().select(["key", "value"])
+        path.unlink()  # its keys are placed next, into a file of their own
+        if table.num_rows != rows.get(p):
+            raise RewriteError(
+                f"{kind.label} partition {p}: the exported state holds {table.num_rows} rows, not the "
+                f"{rows.get(p)} Spark's state reader gave",
+                store=str(plan.source),
+                file=str(path),
+                advice="The output is left unfinished; delete it and run the command again.",
+            )
+        return table
+
+    return Source(state, (str(spec.keySchema().json()), str(spec.valueSchema().json()), encoding))
+
+
 def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
-    """Every store of `plan` read with Spark's state reader, placed by Spark's shuffle and written
-    through the target provider's own code (the shim's StateRewrite), then read back through it."""
+    """Every store of `plan` (the target one of Spark's providers) read with Spark's state reader,
+    placed by Spark's shuffle and written through the target provider's own code (the shim's
+    StateRewrite) as its first version, moved into place, then read back through it."""
     from pyspark.sql import functions as F
 
     writer = spark._jvm.org.pystatestore.StateRewrite
     scratch = plan.output / SCRATCH_DIR
-    # Our stores keep no local recovery copy of what a rewrite writes (the query may restart on
-    # another host), and the read-back must read the checkpoint's files, never such a copy.
-    our_conf = {**plan.new_conf, CONF_PREFIX + "localRecovery": "false"}
     results: list[StoreResult] = []
-    ours = plan.target_provider == PROVIDER_CLASS
     for i, kind in enumerate(plan.stores):
         progress("rewriting stores", i, len(plan.stores))
         started = time.perf_counter()
-        reader = (
-            spark.read.format("statestore")
-            .option("batchId", plan.read_batch)
-            .option("operatorId", kind.operator_id)
-            .option("storeName", kind.store_name)
-            .load(str(plan.source))
-        )
+        reader = _state_reader(plan, spark, kind)
         key_type = reader.schema["key"].dataType
         fields = [f.name for f in key_type.fields]
         hashed = _OPERATORS[kind.operator_name](kind.store_name, len(fields), kind.num_cols_prefix_key)
@@ -582,18 +627,11 @@ def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, in
             plan.target_partitions, *shuffle_cols
         )
         schemas = (key_type.json(), reader.schema["value"].dataType.json())
-
-        if ours:  # an empty store at the new batch, whose commit is the state after it
-            write_spec, base = (
-                _store_spec(writer, plan.output / "state", kind, schemas, our_conf),
-                plan.write_batch,
-            )
-        else:  # the provider's own first version, moved into place below
-            conf = dict(plan.new_conf)
-            if plan.target_provider == ROCKSDB_PROVIDER:
-                conf[ROCKSDB_CHANGELOG_CONF] = "false"  # version 1 as a snapshot zip, written at commit
-            write_spec, base = _store_spec(writer, scratch / "state", kind, schemas, conf), 0
-        written, misplaced_rows = _summaries(writer.write(placed._jdf, plan.target_partitions, write_spec, base))
+        conf = dict(plan.new_conf)
+        if plan.target_provider == ROCKSDB_PROVIDER:
+            conf[ROCKSDB_CHANGELOG_CONF] = "false"  # version 1 as a snapshot zip, written at commit
+        write_spec = _store_spec(writer, scratch / "state", kind, schemas, conf)
+        written, misplaced_rows = _summaries(writer.write(placed._jdf, plan.target_partitions, write_spec))
         if misplaced_rows:
             raise RewriteError(
                 f"{misplaced_rows} keys of {kind.label} are not in the partition Spark's hash of "
@@ -602,9 +640,8 @@ def _rewrite_in_spark(plan: RewritePlan, spark: Any, progress: Callable[[str, in
                 file=f"state/{kind.operator_id}",
                 advice="The output is left unfinished; delete it. Report the operator: its keys need another rule.",
             )
-        if not ours:
-            _place_spark_version(plan, kind, scratch / "state")
-        read_spec = _store_spec(writer, plan.output / "state", kind, schemas, our_conf if ours else plan.new_conf)
+        _place_spark_version(plan, kind, scratch / "state")
+        read_spec = _store_spec(writer, plan.output / "state", kind, schemas, plan.new_conf)
         read_back, _ = _summaries(
             writer.readBack(spark._jsparkSession, plan.target_partitions, read_spec, plan.state_version)
         )

@@ -1,16 +1,18 @@
-"""`pystatestore repartition` of a pystatestore checkpoint, without Spark.
+"""Writing a rewrite's pystatestore stores in Python, and `repartition` of a pystatestore checkpoint
+without Spark.
 
-Both ends are this package's own format, so nothing needs a JVM: each source store's state is read
-from its files (changelog segments as Arrow where they hold the whole state, else restored as a
-worker would), every stored key is placed by Spark's hash computed on its UnsafeRow bytes
-(`spark_hash.stored_key_hashes`), and each target store's state is committed by the same backend
-code a worker runs, as the one version after the new batch. The stored key and value bytes move
-unchanged. Placed keys wait on disk (a file per source store, ordered by target partition), so
-one store's state at a time is in memory, as in a Spark task. What the Spark route checks, this one
-checks too: every key must sit where the hash puts
-it for the source partition count (the proof that the hash and the key columns are Spark's, on this
-very data), and every store written is read back from its files and compared before the checkpoint
-is published. See docs/decisions/0026-state-rewrite.md.
+Where the target is pystatestore, its stores are written by the same backend code a worker runs,
+as the one version after the new batch; no provider is opened in a JVM. The source state comes
+from where it lives: where both ends are this package's format, from the source store's files
+(changelog segments as Arrow where they hold the whole state, else restored as a worker would), so
+nothing needs a JVM; where the source is Spark's provider, from Spark's state reader, each source
+store exported by the shim (`StateRewrite.export`) as the stored key and value bytes. Every stored
+key is placed by Spark's hash computed on its UnsafeRow bytes (`spark_hash.stored_key_hashes`).
+Placed keys wait on disk (a file per source store, ordered by target partition), so one store's
+state at a time is in memory, as in a Spark task. Every key must sit where the hash puts it for
+the source partition count (the proof that the hash and the key columns are Spark's, on this very
+data), and every store written is read back from its files and compared before the checkpoint is
+published. See docs/decisions/0026-state-rewrite.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +41,8 @@ from .unsafe_row import parse_schema
 
 if TYPE_CHECKING:
     from .rewrite import RewritePlan, StoreKind, StoreResult
+
+Progress = Callable[[str, int, int], None]
 
 
 def store_options(conf: dict[str, str]) -> dict[str, str]:
@@ -96,26 +101,43 @@ class _Placed:
         return pa.concat_tables(slices).sort_by([("key", "ascending")])
 
 
-def _placed(plan: RewritePlan, kind: StoreKind, work: Path, progress: Callable[[str, int, int], None]) -> _Placed:
+@dataclass
+class Source:
+    """Where the source state of a store kind comes from: `state(p)` is source partition p's state
+    (stored key and value bytes), `schemas` the key schema, value schema and key encoding of those
+    bytes."""
+
+    state: Callable[[int], pa.Table]
+    schemas: tuple[str, str, str]
+
+
+def our_source(plan: RewritePlan, kind: StoreKind, work: Path) -> Source:
+    """The state of `kind`'s stores read from their files: the source is pystatestore."""
+    version = plan.read_batch + 1
+
+    def state(p: int) -> pa.Table:
+        with StoreReader(_location(str(plan.source), kind, p)) as reader:
+            return reader.state_table(version)
+
+    with StoreReader(_location(str(plan.source), kind, 0)) as reader:
+        return Source(state, reader.schemas(version))
+
+
+def _placed(plan: RewritePlan, kind: StoreKind, source: Source, work: Path, progress: Progress) -> _Placed:
     """Every key of the source stores of `kind`, ordered by the target partition Spark's hash gives
     it, one file per source store under `work`."""
     from .rewrite import _OPERATORS, RewriteError
 
-    version = plan.read_batch + 1
-    schemas: tuple[str, str, str] | None = None
+    schemas = source.schemas
+    key_type = parse_schema(schemas[0])
+    hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
+    hashed_fields = len(key_type.fields) if hashed is None else hashed
     files: list[Path] = []
     all_bounds: list[np.ndarray] = []
     misplaced = 0
-    hashed_fields = 0
     for p in range(plan.source_partitions):
         progress(f"reading {kind.label}", p, plan.source_partitions)
-        with StoreReader(_location(str(plan.source), kind, p)) as reader:
-            state = reader.state_table(version)
-            if schemas is None:
-                schemas = reader.schemas(version)
-                key_type = parse_schema(schemas[0])
-                hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
-                hashed_fields = len(key_type.fields) if hashed is None else hashed
+        state = source.state(p)
         h = stored_key_hashes(key_type, state.column("key"), schemas[2], hashed_fields).astype(np.int64)
         misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
         target = h % plan.target_partitions
@@ -124,7 +146,7 @@ def _placed(plan: RewritePlan, kind: StoreKind, work: Path, progress: Callable[[
         ordered = state.take(pa.array(order))
         if ordered.schema != frames.STATE_SCHEMA:
             ordered = ordered.cast(frames.STATE_SCHEMA)
-        files.append(work / f"source-{p}.arrow")
+        files.append(work / f"placed-{p}.arrow")
         with pa.ipc.new_file(str(files[-1]), frames.STATE_SCHEMA) as out:
             out.write_table(ordered)
     progress(f"reading {kind.label}", plan.source_partitions, plan.source_partitions)
@@ -136,7 +158,6 @@ def _placed(plan: RewritePlan, kind: StoreKind, work: Path, progress: Callable[[
             file=f"state/{kind.operator_id}",
             advice="The output is left unfinished; delete it. Report the operator: its keys need another rule.",
         )
-    assert schemas is not None
     return _Placed(files, all_bounds, schemas)
 
 
@@ -182,9 +203,13 @@ def _write_store(
         backend.close()
 
 
-def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], None]) -> list[StoreResult]:
-    """Writes the state of every store of `plan` (both ends pystatestore) into the output, each
-    store read back from its files and compared with what was written."""
+def rewrite_our_stores(
+    plan: RewritePlan, progress: Progress, source: Callable[[StoreKind, Path], Source] | None = None
+) -> list[StoreResult]:
+    """Writes the state of every store of `plan` (the target is pystatestore) into the output, each
+    store read back from its files and compared with what was written. `source(kind, work)` gives
+    the source state, with `work` a scratch directory for its files; by default the source is
+    pystatestore, read from its files."""
     from .rewrite import RewriteError, StoreResult
 
     results: list[StoreResult] = []
@@ -192,7 +217,7 @@ def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], No
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pystatestore-rewrite-") as scratch:
             work = Path(scratch)
-            placed = _placed(plan, kind, work, progress)
+            placed = _placed(plan, kind, (source or partial(our_source, plan))(kind, work), work, progress)
             schemas = placed.schemas
             total = 0
             for t in range(plan.target_partitions):
@@ -216,4 +241,4 @@ def rewrite_our_stores(plan: RewritePlan, progress: Callable[[str, int, int], No
     return results
 
 
-__all__ = ["rewrite_our_stores", "runs_without_spark", "store_options", "stored_key_encoding"]
+__all__ = ["Source", "our_source", "rewrite_our_stores", "runs_without_spark", "store_options", "stored_key_encoding"]

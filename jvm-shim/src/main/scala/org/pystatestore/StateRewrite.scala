@@ -7,17 +7,19 @@ import scala.jdk.CollectionConverters._
 import org.apache.spark.sql.Row
 import org.apache.spark.sql.classic.{Dataset, SparkSession}
 import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow, XXH64}
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, PrefixKeyScanStateEncoderSpec, StateStore, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, PrefixKeyScanStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
 import org.apache.spark.sql.execution.streaming.state.pystatestore.SparkInternals
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, StructType}
 
 /**
- * The JVM half of `pystatestore migrate` and `repartition`: writes a store's whole state through
- * the public StateStoreProvider API of whichever provider the rewritten checkpoint names (Spark's
- * HDFS or RocksDB provider, or ours), so every provider's files are written by its own code. Python
- * plans the rewrite, reads the state with Spark's state data source, places each key in its
- * partition and moves files; this object only opens providers, puts rows and commits.
+ * The JVM half of `pystatestore migrate` and `repartition`. Where the target is Spark's HDFS or
+ * RocksDB provider, writes a store's whole state through that provider's public StateStoreProvider
+ * API, so its files are written by its own code. Where the target is ours and the source Spark's,
+ * exports each source store's state, as read by Spark's state reader, as the bytes our store keeps;
+ * Python then writes our stores. Python plans the rewrite, reads the state with Spark's state data
+ * source, places keys and moves files; this object only converts rows, opens providers, puts rows
+ * and commits.
  *
  * Each partition is summarised as rows and an order-independent digest of the stored key and value
  * bytes, the same on the write and on the read-back, so the rewrite can check every store it wrote
@@ -78,13 +80,12 @@ object StateRewrite {
   /**
    * Writes partition i of `rows` (columns `key` and `value`, structs of the store's schemas, and
    * `misplaced`, true for a row the source did not hold where Spark's hash puts it) as the whole
-   * state of store partition i; the summaries count the misplaced rows, so the caller can refuse
-   * the result before anything is published. `baseVersion` 0: the provider's own first version (any
-   * provider; the commit is version 1). Above 0: our provider's empty store at `baseVersion`, so
-   * the commit is `baseVersion + 1` and needs no earlier version. Returns one JSON summary per
-   * partition, in partition order.
+   * state of store partition i, the provider's own first version (`getStore(0)`, committed as
+   * version 1: the only version any provider can be asked to write with no earlier one); the
+   * summaries count the misplaced rows, so the caller can refuse the result before anything is
+   * published. Returns one JSON summary per partition, in partition order.
    */
-  def write(rows: Dataset[Row], numPartitions: Int, s: StoreSpec, baseVersion: Long): java.util.List[String] = {
+  def write(rows: Dataset[Row], numPartitions: Int, s: StoreSpec): java.util.List[String] = {
     val rdd = rows.select("key", "value", "misplaced").queryExecution.toRdd
     if (rdd.getNumPartitions != numPartitions) {
       throw new IllegalStateException(s"pystatestore rewrite of operator ${s.operatorId} store ${s.storeName}: " +
@@ -97,13 +98,7 @@ object StateRewrite {
     rdd.mapPartitionsWithIndex { (partition, it) =>
       val provider = openProvider(s, partition, conf0, hadoopConf())
       try {
-        val store: StateStore = provider match {
-          case ours: PythonStateStoreProviderCore if baseVersion > 0 => ours.openEmptyWriteStore(baseVersion, false)
-          case _ if baseVersion > 0 =>
-            throw new IllegalArgumentException(s"only pystatestore opens an empty store at version $baseVersion; " +
-              s"${provider.getClass.getName} writes version 1")
-          case other => other.getStore(0L)
-        }
+        val store = provider.getStore(0L)
         val keyProj = UnsafeProjection.create(s.keySchema)
         val valueProj = UnsafeProjection.create(s.valueSchema)
         var count = 0L
@@ -124,6 +119,51 @@ object StateRewrite {
           if (!store.hasCommitted) store.abort()
         }
       } finally provider.close()
+    }.collect().toList.asJava
+  }
+
+  /**
+   * Writes partition i of `rows` (Spark's state reader over the source: columns `key` and `value`,
+   * structs of the store's schemas, and `partition_id`) to `<dir>/source-<i>.arrow` as a change
+   * frame of puts whose key and value bytes are what our store keeps: the value row, and the key
+   * row laid out as `keyEncoding` (KeyCodec) says. A target that is ours is then written by the
+   * worker's own backend code in Python, with no provider opened here. Returns one JSON summary
+   * (partition, rows, file) per partition, in partition order.
+   */
+  def export(rows: Dataset[Row], numPartitions: Int, s: StoreSpec, keyEncoding: String,
+      dir: String): java.util.List[String] = {
+    val rdd = rows.select("key", "value", "partition_id").queryExecution.toRdd
+    if (rdd.getNumPartitions != numPartitions) {
+      throw new IllegalStateException(s"pystatestore rewrite of operator ${s.operatorId} store ${s.storeName}: " +
+        s"the state reader gives ${rdd.getNumPartitions} partitions, not the checkpoint's $numPartitions")
+    }
+    val codec: KeyCodec = keyEncoding match {
+      case KeyCodec.Raw => new RawKeys(s.keySchema.length)
+      case KeyCodec.Prefix if s.numColsPrefixKey > 0 =>
+        new PrefixKeys(new PrefixKeySpec(s.keySchema, s.numColsPrefixKey), s.keySchema.length)
+      case other => throw new IllegalArgumentException(s"pystatestore rewrite of operator ${s.operatorId} " +
+        s"store ${s.storeName}: no key encoding '$other' for a key with ${s.numColsPrefixKey} prefix columns")
+    }
+    val numKeyFields = s.keySchema.length
+    val numValueFields = s.valueSchema.length
+    rdd.mapPartitionsWithIndex { (partition, it) =>
+      val keyProj = UnsafeProjection.create(s.keySchema)
+      val valueProj = UnsafeProjection.create(s.valueSchema)
+      val file = new java.io.File(dir, s"source-$partition.arrow")
+      var count = 0L
+      ArrowFrames.writeChanges(file) { out =>
+        it.foreach { row =>
+          if (row.getInt(2) != partition) {
+            throw new IllegalStateException(s"pystatestore rewrite of operator ${s.operatorId} store " +
+              s"${s.storeName}: the state reader gave partition ${row.getInt(2)}'s rows in partition $partition")
+          }
+          val key = codec.encode(keyProj(row.getStruct(0, numKeyFields)))
+          val value = valueProj(row.getStruct(1, numValueFields)).getBytes
+          out.put(key, 0, key.length, value, 0, value.length)
+          count += 1
+        }
+      }
+      Iterator(s"""{"partition":$partition,"rows":$count,"file":"${file.getName}"}""")
     }.collect().toList.asJava
   }
 
