@@ -324,9 +324,10 @@ def test_what_a_rewrite_refuses_it_names_and_writes_nothing(spark: SparkSession,
         (lambda: plan_rewrite("migrate", str(tmp_path / "in"), str(out), to="pystatestore"), "not a Spark streaming"),
     ]
     for call, message in cases:
-        with pytest.raises(StateStoreError, match=message):
+        with pytest.raises(StateStoreError, match=message) as refused:
             call()
         assert not out.exists()
+        assert "Nothing was written" in refused.value.advice, refused.value
     # A batch planned but not committed: the query runs, or died mid-batch.
     last = max(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
     shutil.copy(ckpt / "offsets" / str(last), ckpt / "offsets" / str(last + 1))

@@ -73,6 +73,12 @@ _OPERATORS: dict[str, Callable[[str, int, int], int | None]] = {
 class RewriteError(StoreConfigError):
     """A checkpoint this command cannot rewrite, or a target it must not touch."""
 
+    # Most refusals come before anything is written; those after say what to do with the output.
+    advice = (
+        "Nothing was written and the checkpoint is unchanged: change the command's arguments "
+        "(see 'pystatestore migrate --help' and 'pystatestore repartition --help')."
+    )
+
 
 @dataclass(frozen=True)
 class StoreKind:
@@ -178,7 +184,10 @@ def _offsets_conf(source: Path, batch: int) -> tuple[list[str], dict[str, Any]]:
         metadata = json.loads(lines[1])
     except json.JSONDecodeError as e:
         raise RewriteError(
-            f"the offset log's metadata is not JSON: {e}", store=str(source), file=f"offsets/{batch}"
+            f"the offset log's metadata is not JSON: {e}",
+            store=str(source),
+            file=f"offsets/{batch}",
+            advice="Nothing was written: the checkpoint's offset log is damaged or was not written by Spark.",
         ) from None
     return lines, metadata
 
@@ -217,7 +226,10 @@ def plan_rewrite(
     out = _local_dir(output, "output")
     if not (source / "offsets").is_dir() or not (source / "commits").is_dir():
         raise CheckpointMissingError(
-            "this directory is not a Spark streaming checkpoint (it has no offsets/ or commits/)", store=str(source)
+            "this directory is not a Spark streaming checkpoint (it has no offsets/ or commits/)",
+            store=str(source),
+            advice="Nothing was written: pass the query's checkpointLocation, the directory holding offsets/, "
+            "commits/ and state/.",
         )
     if out.exists():
         raise RewriteError(
@@ -488,6 +500,7 @@ def _place_spark_version(plan: RewritePlan, kind: StoreKind, scratch_state: Path
                     f"the {_short(plan.target_provider)} provider wrote no {name} for {kind.label} partition {p}",
                     store=str(src),
                     file=name,
+                    advice="The output is left unfinished; delete it and report this with the Spark log.",
                 )
             (dst / new).parent.mkdir(parents=True, exist_ok=True)
             (src / name).replace(dst / new)
