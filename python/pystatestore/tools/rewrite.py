@@ -554,7 +554,7 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], N
     if direct:
         results = rewrite_our_stores(plan, progress)
     elif plan.target_provider == PROVIDER_CLASS:
-        results = rewrite_our_stores(plan, progress, partial(_exported_source, plan, spark))
+        results = rewrite_our_stores(plan, progress, partial(_exported_source, plan, spark, progress))
     else:
         results = _rewrite_in_spark(plan, spark, progress)
     if (
@@ -585,10 +585,15 @@ def _state_reader(plan: RewritePlan, spark: Any, kind: StoreKind) -> Any:
     )
 
 
-def _exported_source(plan: RewritePlan, spark: Any, kind: StoreKind, work: Path) -> Source:
+def _exported_source(
+    plan: RewritePlan, spark: Any, progress: Callable[[str, int, int], None], kind: StoreKind, work: Path
+) -> Source:
     """The state of `kind`'s source stores read by Spark's state reader (so by the source
     provider's own code) and exported by the shim into `work` as the bytes our store keeps."""
     from .rewrite_direct import Source, stored_key_encoding
+
+    what = f"exporting {kind.label} with Spark's state reader"
+    progress(what, 0, 1)
 
     writer = spark._jvm.org.pystatestore.StateRewrite
     reader = _state_reader(plan, spark, kind)
@@ -597,6 +602,7 @@ def _exported_source(plan: RewritePlan, spark: Any, kind: StoreKind, work: Path)
     encoding = stored_key_encoding(kind, plan.new_conf)
     exported = writer.export(reader._jdf, plan.source_partitions, spec, encoding, str(work))
     rows = {int(doc["partition"]): int(doc["rows"]) for doc in map(json.loads, map(str, exported))}
+    progress(what, 1, 1)
 
     def state(p: int) -> pa.Table:
         path = work / f"source-{p}.arrow"
