@@ -13,9 +13,9 @@ RocksDB provider; see docs/decisions/0026-state-rewrite.md.
 
 Nothing is lost and nothing is half-done: the source checkpoint is only read; the new one starts
 with `offsets/<B+1>` holding one line that Spark refuses as a malformed log and names (so a query
-started on an unfinished rewrite fails, naming it), every store written is read back by its
-provider's code and compared with what was meant to be written, and the last step replaces that line by
-the real offsets.
+started on an unfinished rewrite fails, naming it), every store written is read back (Spark's
+providers through their own code, ours from its files) and compared with what was meant to be
+written, and the last step replaces that line by the real offsets.
 """
 
 from __future__ import annotations
@@ -606,16 +606,20 @@ def _exported_source(
 
     def state(p: int) -> pa.Table:
         path = work / f"source-{p}.arrow"
-        with pa.OSFile(str(path)) as f:
-            table = pa.ipc.open_stream(f).read_all().select(["key", "value"])
-        path.unlink()  # its keys are placed next, into a file of their own
-        if table.num_rows != rows.get(p):
+        expected = rows.get(p)
+        table = None
+        if path.is_file():
+            with pa.OSFile(str(path)) as f:
+                table = pa.ipc.open_stream(f).read_all().select(["key", "value"])
+            path.unlink()  # its keys are placed next, into a file of their own
+        if table is None or table.num_rows != expected:
             raise RewriteError(
-                f"{kind.label} partition {p}: the exported state holds {table.num_rows} rows, not the "
-                f"{rows.get(p)} Spark's state reader gave",
+                f"{kind.label} partition {p}: the shim's export of Spark's state reader "
+                + ("left no file" if table is None else f"holds {table.num_rows} rows")
+                + (f", but the reader gave {expected} rows" if expected is not None else " and no summary"),
                 store=str(plan.source),
-                file=str(path),
-                advice="The output is left unfinished; delete it and run the command again.",
+                file=f"state/{kind.operator_id}/{p}",
+                advice="The output is left unfinished; delete it and report this with the Spark log.",
             )
         return table
 

@@ -37,7 +37,7 @@ from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
 from .checkpoint import StoreLocation, StoreReader
 from .spark_hash import stored_key_hashes
-from .unsafe_row import parse_schema
+from .unsafe_row import RowDecodeError, SchemaError, parse_schema
 
 if TYPE_CHECKING:
     from .rewrite import RewritePlan, StoreKind, StoreResult
@@ -132,15 +132,30 @@ def _placed(plan: RewritePlan, kind: StoreKind, source: Source, work: Path, prog
     key_type = parse_schema(schemas[0])
     hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
     hashed_fields = len(key_type.fields) if hashed is None else hashed
+    # With the partition count unchanged (a migration) every key stays where Spark put it: no rule
+    # is needed, so none is applied and none can refuse a key type.
+    same_partitions = plan.target_partitions == plan.source_partitions
     files: list[Path] = []
     all_bounds: list[np.ndarray] = []
     misplaced = 0
     for p in range(plan.source_partitions):
         progress(f"reading {kind.label}", p, plan.source_partitions)
         state = source.state(p)
-        h = stored_key_hashes(key_type, state.column("key"), schemas[2], hashed_fields).astype(np.int64)
-        misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
-        target = h % plan.target_partitions
+        if same_partitions:
+            target = np.full(state.num_rows, p, np.int64)
+        else:
+            try:
+                h = stored_key_hashes(key_type, state.column("key"), schemas[2], hashed_fields).astype(np.int64)
+            except (SchemaError, RowDecodeError) as e:
+                raise RewriteError(
+                    f"the keys of {kind.label} cannot be placed without Spark: {e}",
+                    store=str(plan.source),
+                    file=f"state/{kind.operator_id}/{p}",
+                    advice="The output is left unfinished; delete it. Keep the partition count, or report the key "
+                    "type so its hash can be added.",
+                ) from None
+            misplaced += int(np.count_nonzero(h % plan.source_partitions != p))
+            target = h % plan.target_partitions
         order = np.argsort(target, kind="stable")
         all_bounds.append(np.searchsorted(target[order], np.arange(plan.target_partitions + 1)))
         ordered = state.take(pa.array(order))
@@ -210,12 +225,16 @@ def rewrite_our_stores(
     store read back from its files and compared with what was written. `source(kind, work)` gives
     the source state, with `work` a scratch directory for its files; by default the source is
     pystatestore, read from its files."""
-    from .rewrite import RewriteError, StoreResult
+    from .rewrite import SCRATCH_DIR, RewriteError, StoreResult
 
     results: list[StoreResult] = []
     for kind in plan.stores:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="pystatestore-rewrite-") as scratch:
+        # Scratch files sit beside the output (the rewrite's scratch directory): on its disk, not in a
+        # /tmp that may be memory, and where the executors that export Spark's state can write.
+        scratch_root = plan.output / SCRATCH_DIR
+        scratch_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{kind.operator_id}-{kind.store_name}-", dir=scratch_root) as scratch:
             work = Path(scratch)
             placed = _placed(plan, kind, (source or partial(our_source, plan))(kind, work), work, progress)
             schemas = placed.schemas
