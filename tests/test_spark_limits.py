@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryException
 
@@ -62,12 +62,17 @@ def counts_per_key_with_transform_with_state(spark: SparkSession, checkpoint: Pa
         .load()
         .selectExpr("CAST(value % 3 AS STRING) AS key")
     )
+    counts = source.groupBy("key").transformWithStateInPandas(
+        Count(), outputStructType="key string, n long", outputMode="Update", timeMode="None"
+    )
+    run_available_now(counts, checkpoint)
+
+
+def run_available_now(stream: DataFrame, checkpoint: Path) -> None:
+    """Runs `stream` over what its source has, into Spark's no-op sink, in update mode."""
     query = (
-        source.groupBy("key")
-        .transformWithStateInPandas(
-            Count(), outputStructType="key string, n long", outputMode="Update", timeMode="None"
-        )
-        .writeStream.format("noop")
+        stream.writeStream.format("noop")
+        .outputMode("update")
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
@@ -125,21 +130,8 @@ def test_checkpoint_format_v2_is_refused_naming_the_conf(spark: SparkSession, tm
     conf = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
     def run(checkpoint: Path) -> None:
-        query = (
-            spark.readStream.format("rate")
-            .load()
-            .groupBy((F.col("value") % 3).alias("key"))
-            .count()
-            .writeStream.format("noop")
-            .outputMode("update")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            query.awaitTermination(120)
-        finally:
-            query.stop()
+        counts = spark.readStream.format("rate").load().groupBy((F.col("value") % 3).alias("key")).count()
+        run_available_now(counts, checkpoint)
 
     spark.conf.set(conf, "2")
     try:
