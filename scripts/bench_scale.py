@@ -7,9 +7,11 @@ driver heap; then the query is stopped and restarted, and the restarted query ru
 (half known keys, half new) that must first restore the whole state.
 
 Each provider runs in a child process with its own driver JVM. The parent samples the resident
-memory (RSS) of that JVM and all its descendants (pystatestore's Python worker, PySpark's workers)
-every 100 ms. Reported per provider: whether it completed, keys in state, median batch time, peak
-RSS, and the restart batch time; then ratios to Spark's RocksDB provider.
+memory (RSS, and PSS) of that JVM and all its descendants (pystatestore's Python worker, PySpark's
+workers) every 100 ms, and the driver JVM's resident Java heap once a second. Reported per
+provider: whether it completed, keys in state, median batch time, peak RSS and PSS, how the JVM's
+RSS at the peak splits into Java heap and the rest, and the restart batch time; then ratios to
+Spark's RocksDB provider. `--driver-java-options=-Xms1g` stops heap growth from deciding the ratio.
 
     .venv/bin/python scripts/bench_scale.py [--keys-per-batch 1000000] [--batches 8]
         [--driver-memory 1g] [--partitions 4] [--providers spark-rocksdb,pss-rocksdb] [--out FILE]
@@ -26,6 +28,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -133,6 +136,63 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages (libraries, the JDK's files) divided among the processes
+    mapping them, which is what a container's memory limit sees of a process tree."""
+    try:
+        for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+class HeapWatcher(threading.Thread):
+    """How much of the driver JVM's RSS is its Java heap, once a second: the heap's address range
+    from `jcmd GC.heap_info`, the resident pages in that range from /proc/<pid>/smaps. Committed
+    heap is no measure of this: a heap committed up front (-Xms) is resident only where touched."""
+
+    def __init__(self, jvm: int, stop_event: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.jvm, self.stop_event = jvm, stop_event
+        self.resident = 0  # bytes of the heap range resident in memory
+
+    def _heap_range(self) -> tuple[int, int] | None:
+        try:
+            out = subprocess.run(
+                ["jcmd", str(self.jvm), "GC.heap_info"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(r"heap\s+total.*\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", out)
+        return (int(m[1], 16), int(m[2], 16)) if m else None
+
+    def run(self) -> None:
+        heap = None
+        while heap is None and not self.stop_event.wait(1.0):
+            heap = self._heap_range()  # the JVM may not answer while it starts
+        while heap is not None and not self.stop_event.is_set():
+            self.resident = _resident_in(self.jvm, *heap)
+            self.stop_event.wait(1.0)
+
+
+def _resident_in(pid: int, start: int, end: int) -> int:
+    """Resident bytes of `pid`'s mappings inside [start, end)."""
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if "-" in line.split(" ", 1)[0] and not line.startswith(("Rss", "Size")):
+                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
+                    inside = lo >= start and hi <= end
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return 0
+    return total
+
+
 def kind_of(pid: int) -> str:
     """'jvm', 'worker' (pystatestore's state worker) or 'python' (PySpark's workers, others)."""
     if _is_java(pid):
@@ -156,14 +216,27 @@ class RssSampler(threading.Thread):
         # The peak of each phase: the growing batches, and the restart (which restores all state).
         self.phase_peaks = {"growth": 0, "restart": 0}
         self.phase_splits: dict[str, dict[str, int]] = {"growth": {}, "restart": {}}
+        self.peak_pss = 0
+        # At the peak RSS: the driver JVM's resident heap (up to a second old) and what the JVM's
+        # RSS held besides it (metaspace, code, threads, direct buffers, native libraries).
+        self.heap_at_peak = 0
+        self.outside_heap_at_peak = 0
+        self.heaps: dict[int, HeapWatcher] = {}
         self.stop_event = threading.Event()
 
     def run(self) -> None:
+        self._sample()
+
+    def _sample(self) -> None:
         while not self.stop_event.is_set():
             # The driver JVM is a direct child of the bench's child process (spark-submit execs java).
             jvms = [p for p in children_of().get(self.parent, []) if _is_java(p)]
             split: dict[str, int] = {}
+            pss = 0
             for jvm in jvms:
+                if jvm not in self.heaps:
+                    self.heaps[jvm] = HeapWatcher(jvm, self.stop_event)
+                    self.heaps[jvm].start()
                 for p in subtree(jvm):
                     kind = kind_of(p)
                     if p != jvm and kind == "jvm":
@@ -171,12 +244,17 @@ class RssSampler(threading.Thread):
                         # shares the JVM's memory until it execs): counting it would double the JVM.
                         continue
                     split[kind] = split.get(kind, 0) + rss_bytes(p)
+                    pss += pss_bytes(p)
             total = sum(split.values())
             phase = "restart" if self.restart_marker.exists() else "growth"
             if total > self.phase_peaks[phase]:
                 self.phase_peaks[phase], self.phase_splits[phase] = total, split
             if total > self.peak:
                 self.peak, self.peak_split = total, split
+                heap = sum(self.heaps[j].resident for j in jvms)
+                self.heap_at_peak = heap
+                self.outside_heap_at_peak = max(split.get("jvm", 0) - heap, 0) if heap else 0
+            self.peak_pss = max(self.peak_pss, pss)
             self.stop_event.wait(self.interval)
 
 
@@ -340,6 +418,9 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     # what the JVM printed (to stdout: HotSpot's tty) as it died, with -XX:+ExitOnOutOfMemoryError
     result["out_of_memory"] = "java.lang.OutOfMemoryError" in (out or "") + (err or "")
     result["peak_rss"] = sampler.peak
+    result["peak_pss"] = sampler.peak_pss
+    result["heap_at_peak"] = sampler.heap_at_peak
+    result["outside_heap_at_peak"] = sampler.outside_heap_at_peak
     result["peak_split"] = sampler.peak_split
     result["phase_peaks"] = sampler.phase_peaks
     result["phase_splits"] = sampler.phase_splits
@@ -361,6 +442,10 @@ def median_run(runs: list[dict]) -> dict:
     merged["peak_rss"] = int(statistics.median(r["peak_rss"] for r in runs))
     nearest = min(runs, key=lambda r: abs(r["peak_rss"] - merged["peak_rss"]))  # the run the splits come from
     merged["peak_split"] = nearest.get("peak_split", {})
+    merged["peak_pss"] = int(statistics.median(r.get("peak_pss", 0) for r in runs))
+    for key in ("heap_at_peak", "outside_heap_at_peak"):  # from the run whose peak RSS is the median
+        merged[key] = nearest.get(key, 0)
+    merged["peak_rss_runs"] = [r["peak_rss"] for r in runs]
     merged["phase_peaks"] = {
         phase: int(statistics.median(r.get("phase_peaks", {}).get(phase, 0) for r in runs))
         for phase in ("growth", "restart")
@@ -395,7 +480,9 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
         f"{args.partitions} shuffle partitions, spark.driver.memory={args.driver_memory}",
         f"# workload: groupBy(k).count(), {args.keys_per_batch:,} new keys per batch, {args.batches} batches, "
         "then a restart and one batch of 10,000 rows (half known keys)",
-        "# memory: peak RSS of the driver JVM and all its descendants (Python workers included), sampled every 100 ms",
+        "# memory: peak RSS of the driver JVM and all its descendants (Python workers included), sampled every 100 ms;",
+        "# peak PSS of the same processes (shared pages divided among them: what a container limit sees); the",
+        "# driver JVM's RSS at that peak split into its Java heap's resident pages (once a second) and the rest",
         f"# each provider ran {args.repeat} time(s) in its own JVM, in rotating order; figures: medians over the runs",
         "# the restart is a new query in the same JVM (the driver keeps running, as after a query failure)",
         "",
@@ -410,6 +497,16 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
             f"{fmt_ms(median):>17}{fmt_ms(slowest):>14}"
             f"{r['peak_rss'] / 2**20:>14,.0f}{fmt_ms(r.get('restart_ms')):>18}"
         )
+        if r.get("peak_pss"):
+            lines.append(f"  {r['provider']} peak PSS (MiB): {r['peak_pss'] / 2**20:,.0f}")
+        if r.get("heap_at_peak"):
+            lines.append(
+                f"  {r['provider']} driver JVM at peak RSS (MiB): Java heap {r['heap_at_peak'] / 2**20:,.0f}, "
+                f"outside the heap {r['outside_heap_at_peak'] / 2**20:,.0f}"
+            )
+        if len(r.get("peak_rss_runs") or []) > 1:
+            runs = ", ".join(f"{v / 2**20:,.0f}" for v in r["peak_rss_runs"])
+            lines.append(f"  {r['provider']} peak RSS of each run (MiB): {runs}")
         split = r.get("peak_split") or {}
         if split:
             parts = ", ".join(f"{kind} {size / 2**20:,.0f}" for kind, size in sorted(split.items()))
@@ -443,6 +540,8 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
             ratios = [f"completes where {BASELINE} does: {'yes' if r['completed'] or not base['completed'] else 'NO'}"]
             if base["peak_rss"]:
                 ratios.append(f"peak RSS {r['peak_rss'] / base['peak_rss']:.2f}x")
+            if base.get("peak_pss") and r.get("peak_pss"):
+                ratios.append(f"peak PSS {r['peak_pss'] / base['peak_pss']:.2f}x")
             if mine and theirs and r["completed"]:
                 ratios.append(f"median batch {statistics.median(mine) / statistics.median(theirs):.2f}x")
             if r.get("restart_ms") and base.get("restart_ms"):
