@@ -12,7 +12,6 @@ from pathlib import Path
 import pyspark
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryException
 
 from spark_support import start_session
@@ -122,22 +121,3 @@ def test_real_time_mode_is_refused_while_the_session_names_pystatestore(spark: S
             start_real_time(tmp_path / f"runs-{setting or 'unset'}")
     finally:
         spark.conf.set(PROVIDER_CONF, previous)
-
-
-def test_checkpoint_format_v2_is_refused_naming_the_conf(spark: SparkSession, tmp_path: Path) -> None:
-    """Not a Spark gate but pystatestore's own, as README says: until it honours checkpoint ids, a
-    query in format v2 fails at its first store, naming the conf, rather than running without them."""
-    conf = "spark.sql.streaming.stateStore.checkpointFormatVersion"
-
-    def run(checkpoint: Path) -> None:
-        counts = spark.readStream.format("rate").load().groupBy((F.col("value") % 3).alias("key")).count()
-        run_available_now(counts, checkpoint)
-
-    spark.conf.set(conf, "2")
-    try:
-        with pytest.raises(StreamingQueryException, match=f"STATE_STORE_CHECKPOINT_IDS_NOT_SUPPORTED.*{conf}=1"):
-            run(tmp_path / "v2")
-    finally:
-        spark.conf.unset(conf)
-    run(tmp_path / "v2")  # the error's advice: with the conf set back, the query restarts on its checkpoint
-    assert (tmp_path / "v2" / "commits" / "0").is_file()

@@ -108,7 +108,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
     StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey)
-    StoreChecks.checkpointFormatSupported(stateStoreId, storeConfs)
     prefixSpec = StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
     versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)

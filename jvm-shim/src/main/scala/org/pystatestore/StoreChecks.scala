@@ -38,18 +38,6 @@ private[pystatestore] object StoreChecks {
       s"$ProviderName does not support ${other.getClass.getSimpleName} yet (store $stateStoreId)")
   }
 
-  /**
-   * Checkpoint format v2 is refused when the provider opens, not only when Spark first hands it an
-   * id: a v2 query's first batch passes none, and Spark then fails its commit on an assertion
-   * about the ids this provider does not report.
-   */
-  def checkpointFormatSupported(stateStoreId: StateStoreId, conf: StateStoreConf): Unit =
-    if (conf.enableStateStoreCheckpointIds) {
-      throw SparkInternals.checkpointIdsNotSupported(
-        s"$ProviderName does not support checkpointFormatVersion ${conf.stateStoreCheckpointFormatVersion} yet " +
-          s"(store $stateStoreId); set spark.sql.streaming.stateStore.checkpointFormatVersion=1 and restart the query")
-    }
-
   def rejectCheckpointIds(id: Option[String], provider: PythonStateStoreProviderCore): Unit = if (id.isDefined) {
     throw SparkInternals.checkpointIdsNotSupported(
       s"$ProviderName does not support checkpointFormatVersion 2 yet (store ${provider.describeStore}); " +
