@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import random
@@ -575,3 +576,75 @@ def test_the_memory_backend_commits_on_an_empty_base_too(store_dir: Path, tmp_pa
     commit(b, 0, changes({b"old": b"1"}), "t1")
     b.commit(4, changes({b"new": b"2"}), "rewrite", None, num_keys=1, empty_base=True)
     assert state_of(make_backend("memory", store_dir, tmp_path / "cold"), 5) == {b"new": b"2"}
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "file"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("as_stream", [False, True], ids=["table", "stream"])
+def test_a_whole_state_written_by_a_rewrite_is_one_segment_not_a_database(
+    store_dir: Path, tmp_path: Path, mode: str, inline: bool, as_stream: bool
+) -> None:
+    """A rewrite's commit on an empty base, with no view asked for, of a state that fits
+    compactSnapshotMaxBytes is stored as one segment of its pairs: no SSTs, nothing for the local DB
+    to open, ingest and checkpoint. It restores alone, and later commits build on it."""
+    options = {} if inline else {"inlineThresholdBytes": "0"}
+    b = make_backend("rocksdb", store_dir, tmp_path, mode=mode, options=options)
+    state = {f"k{i:03d}".encode(): f"v{i}".encode() for i in range(40)}
+    # A rewrite's frame holds puts only, but a delete on an empty base must simply leave nothing.
+    frame = changes(state, [b"gone"])
+    result = b.commit(7, stream(frame, 7) if as_stream else frame, "rewrite", None, num_keys=40, empty_base=True)
+    assert result.version == 8 and result.snapshot
+    doc = manifest(store_dir, 8)
+    assert doc["kind"] == "snapshot" and not doc["shared"] and not doc["private"], doc
+    assert doc["changes"]["rows"] == 40 and ("data" in doc["changes"]) == inline, doc["changes"]
+    assert not (store_dir / "shared").exists() or not any((store_dir / "shared").iterdir())
+    assert result.metrics["filesUploaded"] == (0 if inline else 1) and result.metrics["filesReused"] == 0
+    commit(b, 8, changes({b"k001": b"changed"}, [b"k002"]), "next")
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", mode=mode, options={"localRecovery": "false"})
+    assert state_of(cold, 8) == state
+    assert state_of(cold, 9) == {k: v for k, v in state.items() if k != b"k002"} | {b"k001": b"changed"}
+    verdict = referee.judge_store(store_dir, required=[8, 9])
+    assert not verdict.lost and not verdict.orphans, verdict
+
+
+@pytest.mark.parametrize("as_stream", [False, True], ids=["table", "stream"])
+def test_a_rewritten_state_too_large_for_one_segment_is_a_database_snapshot(
+    store_dir: Path, tmp_path: Path, as_stream: bool
+) -> None:
+    """Past compactSnapshotMaxBytes (here 64 bytes) the whole state is a RocksDB checkpoint, as
+    before; a stream read part way to decide so is still committed whole."""
+    b = make_backend("rocksdb", store_dir, tmp_path, options={"compactSnapshotMaxBytes": "64"})
+    state = {f"k{i:03d}".encode(): f"v{i}".encode() * 4 for i in range(200)}
+    frame = changes(state)
+    b.commit(7, stream(frame, 9) if as_stream else frame, "rewrite", None, num_keys=200, empty_base=True)
+    doc = manifest(store_dir, 8)
+    assert doc["kind"] == "snapshot" and "changes" not in doc and doc["shared"], doc
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    assert state_of(cold, 8) == state
+
+
+def test_a_damaged_compact_snapshot_in_a_versions_own_manifest_names_that_manifest(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    b = make_backend("rocksdb", store_dir, tmp_path)
+    b.commit(2, changes({b"a": b"1", b"b": b"2"}), "rewrite", None, num_keys=2, empty_base=True)
+    path = store_dir / "manifests" / "3.json"
+    doc = json.loads(path.read_text())
+    raw = base64.b64decode(doc["changes"]["data"])[:-9]  # cut short, with a size and checksum to match
+    doc["changes"].update(data=base64.b64encode(raw).decode(), size=len(raw), checksum=f"crc32:{zlib.crc32(raw):08x}")
+    path.write_text(json.dumps(doc))
+    cold = make_backend("rocksdb", store_dir, tmp_path / "cold", options={"localRecovery": "false"})
+    with pytest.raises(CheckpointDamagedError) as e:
+        cold.load(3)
+    assert "not a changelog segment" in str(e.value), str(e.value)
+    assert "manifests/3.json" in str(e.value) and "snapshots/" not in str(e.value), str(e.value)
+
+
+def test_a_changelog_commit_that_uploads_its_changes_reuses_no_file(store_dir: Path, tmp_path: Path) -> None:
+    """filesReused counts stored files a commit lists but did not write: a changelog commit whose
+    changes went to a file of their own wrote that file and reuses none."""
+    b = make_backend("rocksdb", store_dir, tmp_path, mode="changelog", options={"inlineThresholdBytes": "0"})
+    first = commit(b, 0, changes({b"a": b"1"}), "t1")
+    second = commit(b, 1, changes({b"b": b"2"}), "t2")
+    for result in (first, second):
+        assert result.metrics["filesUploaded"] == 1 and result.metrics["filesReused"] == 0, result.metrics

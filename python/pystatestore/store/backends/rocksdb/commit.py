@@ -5,28 +5,38 @@ is written last, atomically: it is the commit point."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ... import changelog, frames
 from ...errors import CheckpointMissingError, StoreConfigError
 from ...leases import CommitLease
 from ...manifest import SNAPSHOT_DIR, manifest_path, snapshot_of
 from ..context import CommitResult, elapsed_ms
-from .config import APPLY_CHUNK_ROWS
+from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
 from .restore import ensure_at
 from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes
 
 if TYPE_CHECKING:
-    from ...manifest import Manifest
+    from ...manifest import FileRef, Manifest
     from . import RocksDBBackend
 
 # The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them).
 TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
+
+# A whole state written on an empty base becomes a compact snapshot (one segment, no local DB) when its
+# frame is at most this many times compactSnapshotMaxBytes: a segment is zstd-compressed, so a frame
+# some times larger still makes a segment of about that size.
+COMPACT_COMMIT_FRAME_FACTOR = 8
 
 
 def commit_under(
@@ -45,6 +55,12 @@ def commit_under(
     """The commit of version `base_version + 1` under the attempt's lease (see RocksDBBackend.commit)."""
     version = base_version + 1
     db = b.db
+    if empty_base and view_dir is None:
+        # Nothing will read this version through a view soon (a state rewrite): a small whole state
+        # needs no local DB opened, ingested and checkpointed, only one segment.
+        small, changes = small_whole_state(changes, COMPACT_COMMIT_FRAME_FACTOR * b.config.compact_snapshot_bytes)
+        if small is not None:
+            return commit_compact_snapshot(b, lease, version, small, attempt_id, num_keys)
     if empty_base:
         # Nothing of base_version is read: the version written is a snapshot of the changes alone.
         base, load_cost = ensure_at(b, 0)
@@ -135,25 +151,86 @@ def commit_under(
     if not manifest.is_changelog:
         db.ancestor = manifest
         db.snapshot_at = version
+    return commit_result(manifest, len(body), uploaded, metrics)
+
+
+def commit_result(
+    manifest: Manifest, manifest_bytes: int, uploaded: list[FileRef], metrics: dict[str, int]
+) -> CommitResult:
+    """What a published commit reports: `uploaded` are the files it wrote besides its manifest."""
     bytes_uploaded = sum(r.size for r in uploaded)
-    refs = manifest.shared | manifest.private
+    written = {r.path for r in uploaded}
+    stored = [r for r in manifest.files() if not r.inline]
     metrics.update(
         filesUploaded=len(uploaded),
-        filesReused=sum(1 for r in refs.values() if not r.inline) - len(uploaded),
-        filesInline=sum(1 for r in refs.values() if r.inline),
+        filesReused=sum(1 for r in stored if r.path not in written),
+        filesInline=sum(1 for r in manifest.files() if r.inline),
         bytesUploaded=bytes_uploaded,
         changelogRows=manifest.changes.rows if manifest.changes else 0,
     )
     return CommitResult(
-        version,
-        num_keys,
-        bytes_uploaded + len(body),
+        manifest.version,
+        manifest.num_keys,
+        bytes_uploaded + manifest_bytes,
         len(uploaded) + 1,
-        manifest_path(version),
+        manifest_path(manifest.version),
         metrics,
         manifest_id=manifest.manifest_id,
         snapshot=not manifest.is_changelog,
     )
+
+
+def small_whole_state(changes: frames.Changes, limit: int) -> tuple[pa.Table | None, frames.Changes]:
+    """The frame as one table when it holds at most `limit` bytes, else None and the frame (a stream
+    is read only as far as the limit and handed back whole, still streaming)."""
+    if limit <= 0:
+        return None, changes
+    if isinstance(changes, pa.Table):
+        return (changes if changes.nbytes <= limit else None), changes
+    read: list[pa.RecordBatch] = []
+    size = 0
+    for batch in changes:
+        read.append(batch)
+        size += batch.nbytes
+        if size > limit:
+            rest = pa.RecordBatchReader.from_batches(changes.schema, itertools.chain(read, changes))
+            return None, rest
+    return pa.Table.from_batches(read, schema=changes.schema), changes
+
+
+def commit_compact_snapshot(
+    b: RocksDBBackend, lease: CommitLease, version: int, state: pa.Table, attempt_id: str, num_keys: int
+) -> CommitResult:
+    """Version `version` as a compact snapshot of `state` (a whole state on an empty base): its pairs
+    in key order as one segment, inside the manifest or under changelog/. The local DB is left as it
+    is and equals no version until a load restores one."""
+    b.db.forget_version()
+    metrics: dict[str, int] = {}
+    t = time.perf_counter()
+    puts = state.filter(pc.equal(state.column("op"), frames.OP_PUT)).sort_by([("key", "ascending")])
+    segment = b.db.work_dir / f"state-{version}-{uuid.uuid4().hex[:8]}"
+    try:
+        rows = changelog.write_segment(segment, puts.to_batches(APPLY_CHUNK_ROWS))
+        metrics["applyMs"] = elapsed_ms(t)
+        b._fault_point("commit:applied")
+        t = time.perf_counter()
+        inline_limit = min(b.config.inline_bytes, COMPACT_SNAPSHOT_INLINE_BYTES)
+        changes_ref, uploaded = store_changes(b, segment, rows, version, lease.token, inline_limit)
+    finally:
+        segment.unlink(missing_ok=True)
+    metrics["uploadMs"] = elapsed_ms(t)
+    b._fault_point("commit:uploaded")
+    t = time.perf_counter()
+    manifest = replace(b.new_manifest(version, num_keys, attempt_id), changes=changes_ref)
+    manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
+    body = manifest.to_json()
+    lease.check_before_publish()
+    b.remote.publish(manifest_path(version), body)  # the commit point
+    metrics["manifestMs"] = elapsed_ms(t)
+    b._fault_point("commit:manifest-written")
+    if b.local_copies is not None:
+        b.local_copies.forget_later_versions(version)
+    return commit_result(manifest, len(body), uploaded, metrics)
 
 
 def check_base_intact(b: RocksDBBackend, base: Manifest) -> None:

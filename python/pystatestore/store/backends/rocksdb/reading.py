@@ -61,9 +61,11 @@ def replay_from_snapshot(
     end = b.read_manifest(end_version)
     chain: list[Manifest] = []
     base: Manifest | None = None
+    own_manifest = False
     for m in b.chain_back(end):
         if m.version == snapshot_version:
-            base = m if not m.is_changelog else b.read_snapshot(m.version, m.manifest_id)
+            own_manifest = not m.is_changelog
+            base = m if own_manifest else b.read_snapshot(m.version, m.manifest_id)
             break
         chain.append(m)
     if base is None:
@@ -77,7 +79,7 @@ def replay_from_snapshot(
             advice="Pick a snapshotStartBatchId whose version (batch id + 1) has a snapshot, or read without it.",
         )
     restore = Restore()
-    restore_snapshot(b, base, restore)
+    restore_snapshot(b, base, restore, own_manifest=own_manifest)
     replay_chain(b, list(reversed(chain)), restore)
     b.db.set_version(end.version, end)
     return leave_view(b, target, restore.cost(started))

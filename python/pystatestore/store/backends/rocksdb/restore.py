@@ -124,7 +124,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
                 passed_over = (snapshot, len(replay))
                 replay.append(m)
                 continue
-            restore_snapshot(b, snapshot, restore)
+            restore_snapshot(b, snapshot, restore, own_manifest=snapshot is m)
             break
         replay.append(m)
         if m.base_version == 0:
@@ -133,7 +133,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
     if passed_over is not None:
         snapshot, after = passed_over
         del replay[after:]
-        restore_snapshot(b, snapshot, restore)
+        restore_snapshot(b, snapshot, restore, own_manifest=False)  # passed over only when made by maintenance
     replay_chain(b, list(reversed(replay)), restore)
     if replay and target.num_keys > 0 and db.is_empty():
         db.drop()
@@ -161,11 +161,15 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
     return target, restore.metrics
 
 
-def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore) -> None:
-    """The local DB from `snapshot`: its files, or its whole state as one segment (compact)."""
+def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, *, own_manifest: bool) -> None:
+    """The local DB from `snapshot`: its files, or its whole state as one segment (compact).
+    `own_manifest`: the snapshot is its version's manifest, not one maintenance made beside it."""
     restore.started_from = f"snapshot {snapshot.version} ({snapshot.manifest_id})"
     if snapshot.changes is not None:
-        restore_compact_snapshot(b, snapshot, restore)
+        holder = (
+            manifest_path(snapshot.version) if own_manifest else snapshot_path(snapshot.version, snapshot.manifest_id)
+        )
+        restore_compact_snapshot(b, snapshot, restore, holder)
         return
     db_dir = b.db.fresh_dir(f"db-{snapshot.version}")
     try:
@@ -181,13 +185,13 @@ def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore) ->
     restore.downloaded(stats)
 
 
-def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore) -> None:
+def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, holder: str) -> None:
     """A snapshot that holds the whole state as one segment: an empty DB plus that segment,
-    ingested as one SST."""
+    ingested as one SST. `holder` is the manifest file the snapshot was read from."""
     assert snapshot.changes is not None
     db = b.db
     db.open(db.fresh_dir(f"db-{snapshot.version}"), 0, None)
-    where = snapshot.changes.ref.path or snapshot_path(snapshot.version, snapshot.manifest_id)
+    where = snapshot.changes.ref.path or holder
     apply_segment(b, snapshot, f"the state of snapshot {snapshot.version}", where, restore)
     if snapshot.num_keys > 0 and db.is_empty():
         db.drop()
@@ -195,7 +199,7 @@ def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Res
             f"snapshot {snapshot.version} says it holds {snapshot.num_keys} keys, but its state is empty",
             store=b.ctx.store_dir,
             version=snapshot.version,
-            file=snapshot_path(snapshot.version, snapshot.manifest_id),
+            file=holder,
         )
     db.set_version(snapshot.version, snapshot)
     db.ancestor = None  # the local DB's files descend from no uploaded snapshot
