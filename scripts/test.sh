@@ -39,6 +39,7 @@ OTHER_MINOR_TESTS=(
   "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
   tests/test_spark_limits.py
+  tests/test_transform_with_state.py
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[rocksdb_to_ours-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_to_hdfs-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_4_to_7_partitions-stream_stream_join]"

@@ -375,9 +375,11 @@ object ContractSuite {
     p.close()
   }
 
-  scenario("column_families_and_multiple_values_are_refused_clearly") {
-    val e = expectThrows[Throwable]("init with column families")(provider(newDir(), useColumnFamilies = true))
-    check(messages(e).toLowerCase.contains("column famil"), s"column family error: ${messages(e)}")
+  scenario("column_families_need_rocksdb_and_stray_calls_are_refused_clearly") {
+    if (backend == "memory") {
+      val e = expectThrows[Throwable]("init with column families")(provider(newDir(), useColumnFamilies = true))
+      check(messages(e).contains("backend=rocksdb"), s"column family error: ${messages(e)}")
+    }
     val p = provider(newDir())
     val s = p.getStore(0)
     val mv = expectThrows[Throwable]("merge")(s.merge(key("a"), value(1)))
@@ -387,6 +389,136 @@ object ContractSuite {
     val ck = expectThrows[Throwable]("checkpoint id")(p.getStore(0, Some("abc")))
     check(messages(ck).contains("checkpointFormatVersion"), s"ckpt id error: ${messages(ck)}")
     s.abort(); p.close()
+  }
+
+  // ---- column families (transformWithState's layout; rocksdb backend) ----
+  val rangeKeySchema: StructType = StructType(Seq(
+    StructField("l", LongType), StructField("d", DoubleType), StructField("s", StringType)))
+  private val rangeKeyProj = UnsafeProjection.create(rangeKeySchema)
+  def rangeKey(l: java.lang.Long, d: java.lang.Double, s: String): UnsafeRow = rangeKeyProj.synchronized {
+    rangeKeyProj(InternalRow(l, d, UTF8String.fromString(s))).copy()
+  }
+  /** The families these scenarios declare: plain, prefix-scan, range-scan and several values per key. */
+  def declareFamilies(s: StateStore, order: Seq[String] = Seq("plain", "prefixed", "ranged", "listed")): Unit =
+    order.foreach {
+      case "plain" => s.createColFamilyIfAbsent("plain", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+      case "prefixed" => s.createColFamilyIfAbsent("prefixed", keySchema, valueSchema,
+        PrefixKeyScanStateEncoderSpec(keySchema, 1))
+      case "ranged" => s.createColFamilyIfAbsent("ranged", rangeKeySchema, valueSchema,
+        RangeKeyScanStateEncoderSpec(rangeKeySchema, Seq(0, 1)))
+      case "listed" => s.createColFamilyIfAbsent("listed", keySchema, valueSchema,
+        NoPrefixKeyStateEncoderSpec(keySchema), useMultipleValuesPerKey = true)
+    }
+  def familyContents(s: ReadStateStore, family: String): Map[(String, Int), Int] =
+    s.iterator(family).map(p => (p.key.getUTF8String(0).toString, p.key.getInt(1)) -> p.value.getInt(0)).toMap
+  def valuesOf(s: ReadStateStore, k: UnsafeRow): Seq[Int] = s.valuesIterator(k, "listed").map(_.getInt(0)).toSeq
+
+  scenario("column_families_keep_their_keys_apart_across_commits_restarts_and_removal") {
+    if (backend == "rocksdb") {
+      val dir = newDir()
+      val p = provider(dir, useColumnFamilies = true)
+      val s = p.getStore(0)
+      declareFamilies(s)
+      s.put(key("a"), value(1), "plain"); s.put(key("a"), value(2), "prefixed"); s.put(key("b"), value(3), "prefixed")
+      s.put(key("x"), value(9)) // Spark's default family
+      check(intOf(s.get(key("a"), "plain")).contains(1) && intOf(s.get(key("a"), "prefixed")).contains(2),
+        "one key, two families, two values")
+      check(s.prefixScan(prefix("b"), "prefixed").map(_.value.getInt(0)).toSeq == Seq(3), "prefix scan in a family")
+      s.commit()
+      p.close()
+      // A restart declares the families in another order: they keep their ids (the checkpoint's registry).
+      val q = provider(dir, useColumnFamilies = true)
+      val s1 = q.getStore(1)
+      declareFamilies(s1, Seq("listed", "ranged", "prefixed", "plain"))
+      check(familyContents(s1, "plain") == Map(("a", 0) -> 1), s"plain after restart: ${familyContents(s1, "plain")}")
+      check(familyContents(s1, "prefixed") == Map(("a", 0) -> 2, ("b", 0) -> 3), "prefixed after restart")
+      check(intOf(s1.get(key("x"))).contains(9), "default family after restart")
+      check(s1.removeColFamilyIfExists("plain"), "removing an existing family says so")
+      check(!s1.removeColFamilyIfExists("never"), "removing an absent family says so")
+      check(s1.get(key("a"), "plain") == null, "a removed family reads empty")
+      s1.commit()
+      val s2 = q.getStore(2)
+      declareFamilies(s2)
+      check(familyContents(s2, "plain").isEmpty, s"removed family after commit: ${familyContents(s2, "plain")}")
+      check(familyContents(s2, "prefixed").size == 2, "other families untouched by a removal")
+      s2.put(key("c"), value(5), "plain")
+      s2.commit()
+      val r = q.getReadStore(3)
+      check(familyContents(r, "plain") == Map(("c", 0) -> 5), s"re-created family: ${familyContents(r, "plain")}")
+      r.abort()
+      q.close()
+    }
+  }
+
+  scenario("several_values_per_key_merge_put_and_remove_across_commits") {
+    if (backend == "rocksdb") {
+      val p = provider(newDir(), useColumnFamilies = true)
+      val s = p.getStore(0)
+      declareFamilies(s)
+      s.merge(key("a"), value(1), "listed"); s.merge(key("a"), value(2), "listed")
+      s.mergeList(key("a"), Array(value(3), value(4)), "listed")
+      s.putList(key("b"), Array(value(7), value(8)), "listed")
+      check(valuesOf(s, key("a")) == Seq(1, 2, 3, 4), s"merged values: ${valuesOf(s, key("a"))}")
+      s.commit()
+      val s1 = p.getStore(1)
+      declareFamilies(s1)
+      check(valuesOf(s1, key("a")) == Seq(1, 2, 3, 4) && valuesOf(s1, key("b")) == Seq(7, 8), "values after commit")
+      s1.merge(key("b"), value(9), "listed")
+      s1.putList(key("a"), Array(value(5)), "listed")
+      s1.remove(key("b"), "listed")
+      s1.merge(key("b"), value(10), "listed")
+      s1.commit()
+      val r = p.getReadStore(2)
+      check(valuesOf(r, key("a")) == Seq(5) && valuesOf(r, key("b")) == Seq(10), s"values at 2: ${valuesOf(r, key("b"))}")
+      check(valuesOf(r, key("none")).isEmpty, "no values for an absent key")
+      val misuse = expectThrows[Throwable]("merge into a single-value family")(p.getStore(2).merge(key("a"), value(1), "plain"))
+      check(messages(misuse).contains("useMultipleValuesPerKey"), s"merge error: ${messages(misuse)}")
+      r.abort(); p.close()
+    }
+  }
+
+  scenario("range_scan_families_iterate_in_the_order_of_their_ordering_columns") {
+    if (backend == "rocksdb") {
+      // The referee: Scala's orderings on the values themselves (nulls last, doubles by
+      // java.lang.Double.compare: -0.0 before 0.0, NaN after +Infinity), never the byte codec.
+      val rnd = new scala.util.Random(11)
+      val longs: Seq[java.lang.Long] = Seq[java.lang.Long](null, Long.MinValue, Long.MaxValue, -1L, 0L, 1L, -256L, 255L) ++
+        Seq.fill(12)(java.lang.Long.valueOf(rnd.nextLong() >> rnd.nextInt(60)))
+      val doubles: Seq[java.lang.Double] = Seq[java.lang.Double](null, -0.0, 0.0, Double.NaN, Double.NegativeInfinity,
+        Double.PositiveInfinity, -1.5, 1.5, Double.MinPositiveValue, -Double.MaxValue)
+      val rows = (for (l <- longs.distinct; d <- doubles) yield (l, d)).toIndexedSeq
+      // Indices, not values: Scala's == on boxed doubles takes -0.0 for 0.0 and NaN for nothing.
+      val want = rows.indices.sortWith { (i, j) =>
+        val ((l1, d1), (l2, d2)) = (rows(i), rows(j))
+        def nullsLast[T](a: T, b: T)(cmp: (T, T) => Int): Int =
+          if (a == null && b == null) 0 else if (a == null) 1 else if (b == null) -1 else cmp(a, b)
+        val byLong = nullsLast(l1, l2)((x, y) => java.lang.Long.compare(x, y))
+        (if (byLong != 0) byLong else nullsLast(d1, d2)((x, y) => java.lang.Double.compare(x, y))) < 0
+      }
+      val p = provider(newDir(), useColumnFamilies = true)
+      val s = p.getStore(0)
+      declareFamilies(s)
+      val (first, second) = rnd.shuffle(rows.indices.toList).splitAt(rows.length / 2)
+      first.foreach { i => s.put(rangeKey(rows(i)._1, rows(i)._2, s"r$i"), value(i), "ranged") }
+      s.commit()
+      val s1 = p.getStore(1)
+      declareFamilies(s1)
+      second.foreach { i => s1.put(rangeKey(rows(i)._1, rows(i)._2, s"r$i"), value(i), "ranged") }
+      def order(st: ReadStateStore): Seq[Int] = st.iterator("ranged").map(_.value.getInt(0)).toSeq
+      check(order(s1) == want, s"buffer merged with the base: ${order(s1).take(8)} vs ${want.take(8)}")
+      val dropped = want.filter(_ % 3 == 0).toSet
+      dropped.foreach { i => s1.remove(rangeKey(rows(i)._1, rows(i)._2, s"r$i"), "ranged") }
+      check(order(s1) == want.filterNot(dropped), s"deletes hide base pairs before commit: ${order(s1).take(8)}")
+      val rewritten = first.filterNot(dropped).head // a base key written again: seen once, with its new value
+      s1.put(rangeKey(rows(rewritten)._1, rows(rewritten)._2, s"r$rewritten"), value(rewritten), "ranged")
+      check(order(s1) == want.filterNot(dropped), s"a rewritten base key is seen once: ${order(s1).take(8)}")
+      s1.commit()
+      val r = p.getReadStore(2)
+      check(order(r) == want.filterNot(dropped), s"after commit: ${order(r).take(8)}")
+      check(r.iterator("ranged").forall(pr => pr.key.getUTF8String(2).toString == s"r${pr.value.getInt(0)}"),
+        "keys decode whole")
+      r.abort(); p.close()
+    }
   }
 
   scenario("worker_death_fails_the_commit_and_the_next_task_recovers") {

@@ -38,7 +38,11 @@ KEY_ENCODING_RAW = "raw"
 # A prefix-scan store's keys: 4-byte big-endian length of the prefix row, the prefix row's bytes,
 # then the whole key row's bytes, so a prefix scan is a seek over a byte prefix (DESIGN §2).
 KEY_ENCODING_PREFIX = "prefix-v1"
-KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX)
+# A store with column families (transformWithState): each key is a 2-byte big-endian family id,
+# then the key as its family's encoder lays it out; family 0 is the registry of the others
+# (name -> id, encoding, schemas). The worker stores the keys as they come.
+KEY_ENCODING_FAMILIES = "families-v1"
+KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX, KEY_ENCODING_FAMILIES)
 # Fields a changelog manifest leaves out when they hold these values (from_json's defaults).
 _DEFAULTS: dict[str, Any] = {"column_families": ["default"], "key_encoding": KEY_ENCODING_RAW}
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")

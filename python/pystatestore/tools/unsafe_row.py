@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
+from ..store.manifest import KEY_ENCODING_FAMILIES, KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -382,6 +382,11 @@ def key_row_bytes(key: bytes, key_encoding: str) -> memoryview:
         if 4 + prefix > len(buf):
             raise RowDecodeError(f"a prefix-encoded key of {len(buf)} bytes says its prefix takes {prefix}")
         return buf[4 + prefix :]
+    if key_encoding == KEY_ENCODING_FAMILIES:
+        raise SchemaError(
+            "this store has column families (transformWithState); the offline tools do not read them yet: "
+            "read each state variable with spark.read.format('statestore').option('stateVarName', NAME)"
+        )
     raise SchemaError(f"unknown key encoding {key_encoding!r}")
 
 

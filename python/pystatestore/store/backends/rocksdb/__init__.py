@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from ... import frames
 from ...local_recovery import DEFAULT_VERSIONS_KEPT, LocalRecoveryStore, clean_stale_stores, default_root
-from ...manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW, MANIFEST_DIR, manifest_path
+from ...manifest import KEY_ENCODING_FAMILIES, KEY_ENCODING_PREFIX, KEY_ENCODING_RAW, MANIFEST_DIR, manifest_path
 from ...remote import RemoteStore
 from ..base import StateBackend
 from ..context import CommitResult, LoadResult
@@ -58,7 +58,7 @@ __all__ = ["Materialization", "RocksDBBackend"]
 class RocksDBBackend(StateBackend):
     name = "rocksdb"
     read_path = "view"
-    key_encodings = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX)
+    key_encodings = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX, KEY_ENCODING_FAMILIES)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

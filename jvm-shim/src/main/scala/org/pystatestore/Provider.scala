@@ -87,6 +87,8 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   /** Read committed versions through RocksDB views (rocksdb backend) or from the heap (memory). */
   private var usesViews = true
   private var keyCodec: KeyCodec = _
+  @volatile private var columnFamiliesValue = false
+  private val familySpecs = new java.util.concurrent.ConcurrentHashMap[String, FamilySpec]()
   private var bufferCodec: KeyCodec = _
   /** Stores handed out and not yet released: the provider releases them when it closes. */
   private val liveStores = new java.util.LinkedHashSet[StoreResources]()
@@ -107,11 +109,17 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey)
-    prefixSpec = StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
     versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     usesViews = ProviderConf.usesViews(storeConfs)
+    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey, usesViews)
+    columnFamiliesValue = useColumnFamilies
+    prefixSpec = if (useColumnFamilies) None // each family has its own key encoder
+      else StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
+    if (useColumnFamilies) {
+      declareFamily(FamilySpec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keyStateEncoderSpec,
+        useMultipleValuesPerKey))
+    }
     // The write buffer always puts the prefix first (a prefix is a byte prefix of its keys); what
     // is stored does so only where the backend reads through views.
     bufferCodec = prefixSpec match {
@@ -147,7 +155,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       "minDeltasForSnapshot" -> JInt(storeConf.minDeltasForSnapshot),
       "viewsDir" -> JString(StateWorker.viewsDir.getAbsolutePath),
       "hostDir" -> JString(StateWorker.hostDir.getAbsolutePath),
-      "keyEncoding" -> JString(keyCodec.name),
+      "keyEncoding" -> JString(if (columnFamilies) KeyCodec.Families else keyCodec.name),
       "options" -> JObject(workerOptions))))
   }
 
@@ -229,7 +237,18 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
     StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
-    colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
+    if (!columnFamilies) colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
+    // A store with column families: the rows of one family, found by its id in the end version's registry.
+    val family: Option[(FamilySpec, FamilyKeys)] = if (!columnFamilies) None else {
+      val name = colFamilyNameOpt.getOrElse(StateStore.DEFAULT_COL_FAMILY_NAME)
+      val spec = familySpec(name).getOrElse(
+        throw SparkInternals.missingColumnFamily("readChangeFeed", s"$name (store $describeStore)"))
+      val end = loadForTask(endVersion).state
+      val id = try FamilyRegistry.read(end).get(name) finally end.release()
+      // A family the end version does not have: ids are never reused while a family exists, so no
+      // other family's rows can match an id it never had; none is taken to mean none.
+      Some(spec -> spec.codec(id.getOrElse(0xffff)))
+    }
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
     try {
@@ -237,9 +256,20 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         svc.changes(h, startVersion, endVersion, file.getAbsolutePath)
       }
       val reader = new ArrowFrames.ChangeFeedReader(file)
-      val rows = reader.map { r =>
-        val value = if (r.value == null) null else toRow(r.value, numValueFields)
-        (r.op == ArrowFrames.OpPut, keyCodec.decode(r.key), value, r.version - 1)
+      val rows = family match {
+        case None => reader.map { r =>
+          val value = if (r.value == null) null else toRow(r.value, numValueFields)
+          (r.op == ArrowFrames.OpPut, keyCodec.decode(r.key), value, r.version - 1)
+        }
+        case Some((spec, codec)) =>
+          val valueFields = spec.valueSchema.length
+          reader.filter(r => WriteBuffer.startsWith(r.key, codec.familyPrefix)).flatMap { r =>
+            val key = codec.decode(r.key)
+            val isPut = r.op == ArrowFrames.OpPut
+            if (r.value == null) Iterator((isPut, key, null, r.version - 1))
+            else if (!spec.multipleValues) Iterator((isPut, key, toRow(r.value, valueFields), r.version - 1))
+            else ValueLists.decode(toRow(r.value, 1), valueFields).map(v => (isPut, key, v, r.version - 1))
+          }
       }
       (rows, () => try reader.close() finally file.delete())
     } catch {
@@ -332,6 +362,23 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private[pystatestore] def describeStore: String =
     s"operator ${storeIdValue.operatorId}, partition ${storeIdValue.partitionId}, " +
       s"store '${storeIdValue.storeName}' at $storeLocation"
+
+  private[pystatestore] def columnFamilies: Boolean = columnFamiliesValue
+
+  /**
+   * Families Spark declared to any store of this provider: the state reader declares a family on a
+   * write store it then aborts and reads through a read store, so specs outlive stores. Ids are
+   * not kept here: they are the checkpoint's, in each version's registry (FamilyRegistry).
+   */
+  private[pystatestore] def declareFamily(spec: FamilySpec): Unit = {
+    if (spec.name.isEmpty || spec.name.length > 512) {
+      throw new IllegalArgumentException(s"column family name of ${spec.name.length} characters in $describeStore")
+    }
+    spec.innerCodec // refuses an encoder or ordering column this store cannot lay out, before it is used
+    familySpecs.put(spec.name, spec)
+  }
+
+  private[pystatestore] def familySpec(name: String): Option[FamilySpec] = Option(familySpecs.get(name))
 
   private[pystatestore] def numKeyFields: Int = keySchema.length
   private[pystatestore] def numValueFields: Int = valueSchema.length
@@ -430,7 +477,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    * worker never reads keys for bookkeeping.
    */
   private[pystatestore] def commitVersion(
-      base: CommittedVersion, buffer: WriteBuffer, forceSnapshot: Boolean): (CommittedVersion, Map[String, Long]) = {
+      base: CommittedVersion,
+      parts: Seq[(WriteBuffer, CommittedVersion)],
+      forceSnapshot: Boolean): (CommittedVersion, Map[String, Long]) = {
     val started = System.nanoTime()
     val newVersion = base.version + 1
     // Only the heap near-cache needs the changes again after the frame is written.
@@ -449,11 +498,13 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val storedAsBuffered = keyCodec.name == bufferCodec.name
       val frameBytes = ArrowFrames.writeChanges(file) { out =>
         // Views' backend (rocksdb) writes the frame straight into a sorted SST file: sort it here.
-        buffer.foreachWrite(sorted = usesViews) { (flags, page, keyAt, keyLength, valueAt, valueLength) =>
+        // Parts (column families) come in the order of their key prefixes.
+        for ((buffer, partBase) <- parts) buffer.foreachWrite(sorted = usesViews) {
+            (flags, page, keyAt, keyLength, valueAt, valueLength) =>
           def key = buffer.decodeKey(page, keyAt, keyLength)
           val present = WriteBuffer.presentInBase(flags) {
             lookedUp += 1
-            base.contains(key)
+            partBase.contains(key)
           }
           val isDelete = WriteBuffer.isDelete(flags)
           if (!isDelete || present) { // deletes of absent keys are not sent

@@ -61,6 +61,21 @@ abstract class PythonReadStateStoreCore(
 
   private[pystatestore] def base: LoadedVersion = loaded
 
+  /** A store with column families: reads go to the family's slice of the version. */
+  private val families =
+    if (provider.columnFamilies) new StoreFamilies(provider, loaded.state, writable = false) else null
+
+  private def familyPairs(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] = {
+    hold.check(operation)
+    families.forRead(name, operation) match {
+      case None => StoreChecks.pairs(Iterator.empty)
+      case Some(f) =>
+        val it = families.pairs(f, prefixKey)
+        if (!f.spec.multipleValues) StoreChecks.pairs(it)
+        else StoreChecks.pairs(it.map { case (k, v) => k -> ValueLists.decode(v, f.numValueFields).next() }, it)
+    }
+  }
+
   /** The read marks, from now on owned (and freed) by the write store this one is upgraded to. */
   private[pystatestore] def handOverReadMarks(): WriteBuffer = synchronized {
     if (readMarks == null) readMarks = provider.newWriteBuffer()
@@ -72,6 +87,13 @@ abstract class PythonReadStateStoreCore(
   override def version: Long = loaded.state.version
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    if (families != null) {
+      hold.check("get")
+      return families.forRead(colFamilyName, "get").map { f =>
+        val v = f.base.get(key)
+        if (f.spec.multipleValues) ValueLists.decode(v, f.numValueFields).nextOption().orNull else v
+      }.orNull
+    }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
     val v = loaded.state.get(key)
@@ -83,11 +105,20 @@ abstract class PythonReadStateStoreCore(
     v
   }
 
-  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    throw StoreChecks.noMultipleValues(provider)
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
+    if (families == null) throw StoreChecks.noMultipleValues(provider)
+    hold.check("valuesIterator")
+    families.forRead(colFamilyName, "valuesIterator") match {
+      case None => Iterator.empty
+      case Some(f) =>
+        StoreChecks.multipleValuesDeclared(f, "valuesIterator", provider)
+        ValueLists.decode(f.base.get(key), f.numValueFields)
+    }
+  }
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
       : StateStoreIterator[UnsafeRowPair] = {
+    if (families != null) return familyPairs(colFamilyName, prefixKey, "prefixScan")
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
     hold.check("prefixScan")
@@ -95,6 +126,7 @@ abstract class PythonReadStateStoreCore(
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    if (families != null) return familyPairs(colFamilyName, null, "iterator")
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("iterator")
     StoreChecks.pairs(loaded.state.pairs())

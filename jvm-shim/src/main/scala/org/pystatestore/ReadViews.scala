@@ -13,6 +13,7 @@ import org.rocksdb.{BlockBasedTableConfig, BloomFilter, LRUCache, Options, ReadO
 import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.Platform
 
 /** An iterator over state pairs that holds resources until it is exhausted or closed. */
@@ -44,6 +45,23 @@ trait CommittedVersion {
   def memoryBytes: Long
   def retain(): Unit = ()
   def release(): Unit = ()
+  /**
+   * One column family of this version (a store with column families): its keys are those starting
+   * with `codec`'s family id, read with `codec` and values of `numValueFields` fields. It holds no
+   * reference of its own: the store that asks holds this version.
+   */
+  def family(codec: FamilyKeys, numValueFields: Int): CommittedVersion =
+    if (numKeys == 0) new EmptyVersion(version, manifestId)
+    else throw new IllegalStateException(s"column families are read through RocksDB views, not from $this")
+}
+
+/** A version without keys (version 0 of a family, or of a store). */
+final class EmptyVersion(val version: Long, val manifestId: String) extends CommittedVersion {
+  override def numKeys: Long = 0L
+  override def get(key: UnsafeRow): UnsafeRow = null
+  override def pairs(): PairIterator = PairIterator.of(Iterator.empty)
+  override def withPrefix(prefix: UnsafeRow): PairIterator = PairIterator.of(Iterator.empty)
+  override def memoryBytes: Long = 0L
 }
 
 /**
@@ -59,11 +77,19 @@ sealed trait KeyCodec extends Serializable {
   /** The key row in `bytes[offset, offset + length)`, pointing into `bytes` (no copy). */
   def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow
   def scanPrefix(prefix: UnsafeRow): Array[Byte]
+  /** Keys start with a scan prefix (prefix-scan encoders): the write buffer chains writes per prefix. */
+  def prefixScans: Boolean = false
+  /** The length of the scan prefix the encoded key at `bytes[offset..]` starts with (prefixScans only). */
+  def prefixLengthOf(bytes: Array[Byte], offset: Int): Int =
+    throw new IllegalStateException(s"key encoding $name has no scan prefix")
 }
 
 object KeyCodec {
   val Raw = "raw"
   val Prefix = "prefix-v1"
+  val Range = "range-v1"
+  /** A store with column families (FamilyKeys); must match KEY_ENCODING_FAMILIES in manifest.py. */
+  val Families = "families-v1"
 
   private[pystatestore] def row(bytes: Array[Byte], offset: Int, length: Int, numFields: Int): UnsafeRow = {
     val r = new UnsafeRow(numFields)
@@ -108,6 +134,112 @@ final class PrefixKeys(spec: PrefixKeySpec, numKeyFields: Int) extends KeyCodec 
     out.putInt(prefix.getSizeInBytes)
     prefix.writeTo(out)
     out.array()
+  }
+
+  override def prefixScans: Boolean = true
+  override def prefixLengthOf(bytes: Array[Byte], offset: Int): Int = 4 + ByteBuffer.wrap(bytes, offset, 4).getInt
+}
+
+/**
+ * `range-v1` (range-scan families, e.g. timers): the ordering columns first, each as a marker byte
+ * (0x00 negative, 0x01 zero or positive, 0x02 null, so nulls sort last) and its value big-endian,
+ * fixed width; negative floating-point values with every bit flipped, so RocksDB's bytewise order
+ * is the columns' numeric order, as Spark's range-scan encoder orders them. The whole key row
+ * follows, so decoding a key is a slice.
+ */
+final class RangeKeys(keySchema: StructType, orderingOrdinals: Seq[Int]) extends KeyCodec {
+  import RangeKeys._
+  private val columns: Array[(Int, DataType)] = orderingOrdinals.map(i => i -> keySchema(i).dataType).toArray
+  columns.foreach { case (i, t) =>
+    if (widthOf(t) < 0) throw new IllegalArgumentException(
+      s"range scan over column ${keySchema(i).name} of type ${t.simpleString}: only boolean, byte, short, int, " +
+        "long, float, double, date and timestamp columns can order a range scan")
+  }
+  private val orderingBytes = columns.map { case (_, t) => 1 + widthOf(t) }.sum
+  private val numKeyFields = keySchema.length
+
+  override def name: String = KeyCodec.Range
+
+  override def encode(key: UnsafeRow): Array[Byte] = {
+    val out = ByteBuffer.allocate(orderingBytes + key.getSizeInBytes)
+    columns.foreach { case (i, t) => putOrdered(out, key, i, t) }
+    key.writeTo(out)
+    out.array()
+  }
+
+  override def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow =
+    KeyCodec.row(bytes, offset + orderingBytes, length - orderingBytes, numKeyFields)
+
+  override def scanPrefix(prefix: UnsafeRow): Array[Byte] =
+    throw new IllegalStateException("prefix scan on a range-scan column family")
+}
+
+object RangeKeys {
+  private val Negative: Byte = 0x00
+  private val NonNegative: Byte = 0x01
+  private val Null: Byte = 0x02
+
+  /** Bytes of a column's value in the ordering part; -1 for a type that cannot order a range scan. */
+  def widthOf(t: DataType): Int = t match {
+    case BooleanType | ByteType => 1
+    case ShortType => 2
+    case IntegerType | DateType | FloatType => 4
+    case LongType | TimestampType | TimestampNTZType | DoubleType => 8
+    case _ => -1
+  }
+
+  private def putOrdered(out: ByteBuffer, row: UnsafeRow, i: Int, t: DataType): Unit = {
+    if (row.isNullAt(i)) {
+      out.put(Null)
+      out.put(new Array[Byte](widthOf(t)))
+      return
+    }
+    t match {
+      case BooleanType => out.put(NonNegative).put(if (row.getBoolean(i)) 1.toByte else 0.toByte)
+      case ByteType => val v = row.getByte(i); out.put(sign(v < 0)).put(v)
+      case ShortType => val v = row.getShort(i); out.put(sign(v < 0)).putShort(v)
+      case IntegerType | DateType => val v = row.getInt(i); out.put(sign(v < 0)).putInt(v)
+      case LongType | TimestampType | TimestampNTZType => val v = row.getLong(i); out.put(sign(v < 0)).putLong(v)
+      case FloatType =>
+        val bits = java.lang.Float.floatToRawIntBits(row.getFloat(i))
+        if (bits < 0) out.put(Negative).putInt(~bits) else out.put(NonNegative).putInt(bits)
+      case DoubleType =>
+        val bits = java.lang.Double.doubleToRawLongBits(row.getDouble(i))
+        if (bits < 0) out.put(Negative).putLong(~bits) else out.put(NonNegative).putLong(bits)
+      case other => throw new IllegalArgumentException(s"range scan over a ${other.simpleString} column")
+    }
+  }
+
+  private def sign(negative: Boolean): Byte = if (negative) Negative else NonNegative
+}
+
+/**
+ * A column family's keys in a store with column families: a 2-byte big-endian family id, then the
+ * key as the family's own encoding lays it out. Every family lives in one RocksDB keyspace, so a
+ * family is a key prefix: committed, restored, copied and collected as any key, and iterated by
+ * seeking to its id.
+ */
+final class FamilyKeys(val familyId: Int, val inner: KeyCodec) extends KeyCodec {
+  require(familyId >= 0 && familyId <= 0xffff, s"column family id $familyId out of range")
+  val familyPrefix: Array[Byte] = Array((familyId >>> 8).toByte, familyId.toByte)
+
+  override def name: String = inner.name
+
+  override def encode(key: UnsafeRow): Array[Byte] = withFamily(inner.encode(key))
+
+  override def decode(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow =
+    inner.decode(bytes, offset + 2, length - 2)
+
+  override def scanPrefix(prefix: UnsafeRow): Array[Byte] = withFamily(inner.scanPrefix(prefix))
+  override def prefixScans: Boolean = inner.prefixScans
+  override def prefixLengthOf(bytes: Array[Byte], offset: Int): Int = 2 + inner.prefixLengthOf(bytes, offset + 2)
+
+  private def withFamily(encoded: Array[Byte]): Array[Byte] = {
+    val out = new Array[Byte](2 + encoded.length)
+    out(0) = familyPrefix(0)
+    out(1) = familyPrefix(1)
+    System.arraycopy(encoded, 0, out, 2, encoded.length)
+    out
   }
 }
 
@@ -234,22 +366,49 @@ final class RocksView(
     h
   }
 
-  override def get(key: UnsafeRow): UnsafeRow = {
-    val v = reading(_.get(readOptions, codec.encode(key)))
-    if (v == null) null else KeyCodec.row(v, 0, v.length, numValueFields)
-  }
+  override def get(key: UnsafeRow): UnsafeRow = getWith(codec, numValueFields, key)
 
-  override def contains(key: UnsafeRow): Boolean = reading(_.keyExists(readOptions, codec.encode(key)))
+  override def contains(key: UnsafeRow): Boolean = containsWith(codec, key)
 
-  override def pairs(): PairIterator = iterate(_.seekToFirst(), null)
+  override def pairs(): PairIterator = iterate(codec, numValueFields, _.seekToFirst(), null)
 
   override def withPrefix(prefix: UnsafeRow): PairIterator = {
     val p = codec.scanPrefix(prefix)
-    iterate(_.seek(p), p)
+    iterate(codec, numValueFields, _.seek(p), p)
   }
 
+  override def family(familyCodec: FamilyKeys, familyValueFields: Int): CommittedVersion = {
+    val view = this
+    new CommittedVersion {
+      override def version: Long = view.version
+      override def manifestId: String = view.manifestId
+      override def numKeys: Long = view.numKeys
+      override def get(key: UnsafeRow): UnsafeRow = getWith(familyCodec, familyValueFields, key)
+      override def contains(key: UnsafeRow): Boolean = containsWith(familyCodec, key)
+      override def pairs(): PairIterator = {
+        val p = familyCodec.familyPrefix
+        iterate(familyCodec, familyValueFields, _.seek(p), p)
+      }
+      override def withPrefix(prefix: UnsafeRow): PairIterator = {
+        val p = familyCodec.scanPrefix(prefix)
+        iterate(familyCodec, familyValueFields, _.seek(p), p)
+      }
+      override def memoryBytes: Long = 0L // the view's own reports it
+      override def toString: String = s"$view, column family ${familyCodec.familyId}"
+    }
+  }
+
+  private def getWith(keys: KeyCodec, valueFields: Int, key: UnsafeRow): UnsafeRow = {
+    val v = reading(_.get(readOptions, keys.encode(key)))
+    if (v == null) null else KeyCodec.row(v, 0, v.length, valueFields)
+  }
+
+  private def containsWith(keys: KeyCodec, key: UnsafeRow): Boolean =
+    reading(_.keyExists(readOptions, keys.encode(key)))
+
   /** A native iterator positioned by `position`, kept while keys start with `prefix` (if given). */
-  private def iterate(position: RocksIterator => Unit, prefix: Array[Byte]): PairIterator = {
+  private def iterate(
+      codec: KeyCodec, numValueFields: Int, position: RocksIterator => Unit, prefix: Array[Byte]): PairIterator = {
     retain() // the iterator holds the view open until it is exhausted or closed
     val it = try reading { d => val i = d.newIterator(readOptions); position(i); i } catch {
       case NonFatal(e) => release(); throw e

@@ -12,20 +12,32 @@ import org.apache.spark.sql.types.StructType
 private[pystatestore] object StoreChecks {
   import ProviderCore.ProviderName
 
-  /** Column families and multiple values per key are refused when the store is opened. */
+  /**
+   * Column families are kept in RocksDB key prefixes, so they need the rocksdb backend; several
+   * values per key are kept only in column families (transformWithState's ListState).
+   */
   def layoutSupported(
       stateStoreId: StateStoreId,
       useColumnFamilies: Boolean,
-      useMultipleValuesPerKey: Boolean): Unit = {
-    if (useColumnFamilies) {
+      useMultipleValuesPerKey: Boolean,
+      usesViews: Boolean): Unit = {
+    if (useColumnFamilies && !usesViews) {
       throw SparkInternals.multipleColumnFamiliesNotSupported(
-        s"$ProviderName (store $stateStoreId; column families come in a later pystatestore release)")
+        s"$ProviderName with the memory backend (store $stateStoreId); column families need " +
+          s"${WorkerLaunchSpec.ConfPrefix}backend=rocksdb, the default")
     }
-    if (useMultipleValuesPerKey) {
+    if (useMultipleValuesPerKey && !useColumnFamilies) {
       throw SparkInternals.unsupportedOperation("multiple values per key",
-        s"$ProviderName does not support multiple values per key yet (store $stateStoreId)")
+        s"$ProviderName keeps multiple values per key only in column families (store $stateStoreId)")
     }
   }
+
+  def multipleValuesDeclared(family: OpenFamily, operation: String, provider: PythonStateStoreProviderCore): Unit =
+    if (!family.spec.multipleValues) {
+      throw SparkInternals.unsupportedOperation(operation,
+        s"column family ${family.spec.name} of ${provider.describeStore}, which was not created with " +
+          "useMultipleValuesPerKey")
+    }
 
   /** The key prefix of a prefix-scan key encoder (None: no prefix); other key encoders are refused. */
   def keyEncoderPrefix(

@@ -32,7 +32,7 @@ import org.apache.spark.unsafe.hash.Murmur3_x86_32
 final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoCloseable {
   import WriteBuffer._
 
-  private val prefixed = codec.isInstanceOf[PrefixKeys]
+  private val prefixed = codec.prefixScans
   private val header = if (prefixed) HeaderWithPrefixLink else Header
 
   private val native = new NativePages()
@@ -129,9 +129,8 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   private def find(key: Array[Byte]): Long =
     keyIndex.positionAt(slotOf(keyIndex, hashOf(key, key.length), key, key.length, prefix = false))
 
-  /** Length of the prefix part of a `prefix-v1` key: the 4-byte length, then the prefix row. */
-  private def prefixLength(key: Array[Byte]): Int =
-    4 + ((key(0) & 0xff) << 24 | (key(1) & 0xff) << 16 | (key(2) & 0xff) << 8 | (key(3) & 0xff))
+  /** Length of the scan prefix a key starts with (e.g. `prefix-v1`: the 4-byte length, then the prefix row). */
+  private def prefixLength(key: Array[Byte]): Int = codec.prefixLengthOf(key, 0)
 
   // ---- the store's calls ----
 
@@ -229,6 +228,31 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
         else Some(keyRow(pos) -> (if ((flagsOf(pos) & DeleteFlag) != 0) null else valueRow(pos)))
       }
     }
+  }
+
+  /**
+   * The buffer's entries as of `at`, in ascending order of their encoded keys (RocksDB's bytewise
+   * order): (encoded key, key, value or null for a delete). Column families iterate in key order
+   * (range-scan families must), so their buffer entries are merged with the base in that order.
+   */
+  def sortedEntriesAt(at: Long, scanPrefix: Array[Byte] = null): IndexedSeq[(Array[Byte], UnsafeRow, UnsafeRow)] = {
+    val entries = synchronized {
+      checkOpen()
+      val out = scala.collection.mutable.ArrayBuffer.empty[(Array[Byte], UnsafeRow, UnsafeRow)]
+      val it = recordsUpTo(at)
+      while (it.hasNext) {
+        val pos = it.next()
+        if (visibleAt(pos, at)) {
+          val encoded = copyOut(keyAddress(pos), keyLengthOf(pos))
+          if (scanPrefix == null || WriteBuffer.startsWith(encoded, scanPrefix)) {
+            val value = if ((flagsOf(pos) & DeleteFlag) != 0) null else valueRow(pos)
+            out += ((encoded, codec.decode(encoded), value))
+          }
+        }
+      }
+      out
+    }
+    entries.sortWith((a, b) => WriteBuffer.compareBytes(a._1, b._1) < 0).toIndexedSeq
   }
 
   /** Every record position before `at`, in log order. */
@@ -385,6 +409,12 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
 
 object WriteBuffer {
   private val cleaner = java.lang.ref.Cleaner.create()
+
+  /** Unsigned lexicographic order of byte strings: RocksDB's bytewise comparator. */
+  def compareBytes(a: Array[Byte], b: Array[Byte]): Int = java.util.Arrays.compareUnsigned(a, b)
+
+  def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
+    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
 
   /** A position that is no record. */
   private val NoRecord = -1L

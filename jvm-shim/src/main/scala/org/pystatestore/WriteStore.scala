@@ -28,7 +28,12 @@ abstract class PythonStateStoreCore(
   private val base = loaded.state
   /** Writes, plus read marks of what Spark's reads found (those of the read store it came from). */
   private val buffer = if (readMarks != null) readMarks else provider.newWriteBuffer()
-  private val hold = new BaseHold(provider, base, buffer)
+  /** A store with column families: every call goes to its family (the buffer above stays empty). */
+  private val families = if (provider.columnFamilies) new StoreFamilies(provider, base, writable = true) else null
+  private val hold = new BaseHold(provider, base, () => {
+    buffer.close()
+    if (families != null) families.close()
+  })
   provider.track(hold)
   private val readBase: UnsafeRow => UnsafeRow = k => base.get(k)
   @volatile private var committed: CommittedVersion = _
@@ -38,25 +43,42 @@ abstract class PythonStateStoreCore(
   override def version: Long = base.version
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    if (families != null) {
+      hold.check("get")
+      return families.forRead(colFamilyName, "get").map { f =>
+        val v = f.buffer.read(key, f.base.get)
+        if (f.spec.multipleValues) ValueLists.decode(v, f.numValueFields).nextOption().orNull else v
+      }.orNull
+    }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
     buffer.read(key, readBase)
   }
 
   override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
+    if (families == null) StoreChecks.defaultFamily(colFamilyName, provider)
     require(value != null, "Cannot put a null value")
     requireUpdating("put")
+    if (families != null) {
+      val f = families.forWrite(colFamilyName, "put")
+      f.buffer.write(key, if (f.spec.multipleValues) ValueLists.encode(Seq(value)) else value)
+      return
+    }
     buffer.write(key, value)
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
-    StoreChecks.defaultFamily(colFamilyName, provider)
+    if (families == null) StoreChecks.defaultFamily(colFamilyName, provider)
     requireUpdating("remove")
-    buffer.write(key, null)
+    if (families != null) families.forRead(colFamilyName, "remove").foreach(_.buffer.write(key, null))
+    else buffer.write(key, null)
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    if (families != null) {
+      hold.check("iterator")
+      return familyPairs(colFamilyName, null, "iterator")
+    }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("iterator")
     // The buffer as of now, so concurrent updates neither break nor hide entries; the base is
@@ -66,6 +88,10 @@ abstract class PythonStateStoreCore(
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
       : StateStoreIterator[UnsafeRowPair] = {
+    if (families != null) {
+      hold.check("prefixScan")
+      return familyPairs(colFamilyName, prefixKey, "prefixScan")
+    }
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
     hold.check("prefixScan")
@@ -84,17 +110,55 @@ abstract class PythonStateStoreCore(
     StoreChecks.pairs(fromBuffer ++ notOverridden, fromBase)
   }
 
-  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    throw StoreChecks.noMultipleValues(provider)
-  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
-  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
-  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
-    throw StoreChecks.noMultipleValues(provider)
+  /**
+   * A family's pairs in key order; a family with several values per key gives each key once, with
+   * its first value (as Spark's RocksDB provider does): its values come from `valuesIterator`.
+   */
+  private def familyPairs(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] =
+    families.forRead(name, operation) match {
+      case None => StoreChecks.pairs(Iterator.empty)
+      case Some(f) =>
+        val it = families.pairs(f, prefixKey)
+        if (!f.spec.multipleValues) StoreChecks.pairs(it)
+        else StoreChecks.pairs(it.map { case (k, v) => k -> ValueLists.decode(v, f.numValueFields).next() }, it)
+    }
 
-  override def removeColFamilyIfExists(colFamilyName: String): Boolean =
-    throw SparkInternals.removingColumnFamiliesNotSupported(ProviderCore.ProviderName)
+  /** A multi-value family of this store (several values per key are kept only in column families). */
+  private def multiValueFamily(name: String, operation: String, write: Boolean): Option[OpenFamily] = {
+    if (families == null) throw StoreChecks.noMultipleValues(provider)
+    hold.check(operation)
+    if (write) requireUpdating(operation)
+    val f = if (write) Some(families.forWrite(name, operation)) else families.forRead(name, operation)
+    f.foreach(StoreChecks.multipleValuesDeclared(_, operation, provider))
+    f
+  }
+
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
+    multiValueFamily(colFamilyName, "valuesIterator", write = false) match {
+      case None => Iterator.empty
+      case Some(f) => ValueLists.decode(f.buffer.read(key, f.base.get), f.numValueFields)
+    }
+
+  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
+    mergeList(key, Array(value), colFamilyName)
+
+  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
+    require(values != null && values.nonEmpty && !values.contains(null), "Cannot put an empty list or a null value")
+    multiValueFamily(colFamilyName, "putList", write = true).foreach(_.buffer.write(key, ValueLists.encode(values)))
+  }
+
+  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
+    require(values != null && values.nonEmpty && !values.contains(null), "Cannot merge an empty list or a null value")
+    multiValueFamily(colFamilyName, "merge", write = true).foreach { f =>
+      f.buffer.write(key, ValueLists.append(f.buffer.read(key, f.base.get), values))
+    }
+  }
+
+  override def removeColFamilyIfExists(colFamilyName: String): Boolean = {
+    if (families == null) throw SparkInternals.removingColumnFamiliesNotSupported(ProviderCore.ProviderName)
+    requireUpdating("removeColFamilyIfExists")
+    families.remove(colFamilyName)
+  }
 
   override def createColFamilyIfAbsent(
       colFamilyName: String,
@@ -102,14 +166,19 @@ abstract class PythonStateStoreCore(
       valueSchema: StructType,
       keyStateEncoderSpec: KeyStateEncoderSpec,
       useMultipleValuesPerKey: Boolean,
-      isInternal: Boolean): Unit =
-    throw SparkInternals.multipleColumnFamiliesNotSupported(ProviderCore.ProviderName)
+      isInternal: Boolean): Unit = {
+    if (families == null) throw SparkInternals.multipleColumnFamiliesNotSupported(ProviderCore.ProviderName)
+    provider.declareFamily(FamilySpec(colFamilyName, keySchema, valueSchema, keyStateEncoderSpec,
+      useMultipleValuesPerKey))
+    if (phase == Updating) families.create(colFamilyName)
+  }
 
   override def commit(): Long = {
     requireUpdating("commit")
     hold.check("commit")
     try {
-      val (state, metrics) = provider.commitVersion(base, buffer, forceSnapshot)
+      val parts = if (families != null) families.commitParts else Seq(buffer -> base)
+      val (state, metrics) = provider.commitVersion(base, parts, forceSnapshot)
       // Spark may still read the store after committing (complete mode reads all rows): the store
       // keeps reading base + buffer, which is the committed version, until it is released.
       state.release() // the provider's cache keeps the new version
@@ -139,7 +208,10 @@ abstract class PythonStateStoreCore(
 
   override def metrics: StateStoreMetrics = {
     val state = committed
-    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes + buffer.memoryBytes) else {
+    val buffered = buffer.memoryBytes + (if (families != null) families.memoryBytes else 0L)
+    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes + buffered)
+    else if (families != null) (base.numKeys, base.memoryBytes + buffered) // counted at commit
+    else {
       var n = base.numKeys
       // Exact, as the commit will count (Spark asks after committing; this is the rare case).
       if (phase == Updating) buffer.foreachWrite() { (flags, page, keyAt, keyLength, _, _) =>

@@ -28,7 +28,10 @@ class PythonStateStore private[pystatestore] (
     forceSnapshot: Boolean)
   extends PythonStateStoreCore(provider, loaded, readMarks, forceSnapshot) with WriteStoreSince42 with ReadStoreSince43
 
-/** Spark 4.3's `registerColFamily`: column families are refused, as `createColFamilyIfAbsent` is. */
+/**
+ * Spark 4.3's `registerColFamily` on a read store: declares the family to a store with column
+ * families; other stores have only Spark's default one.
+ */
 trait ReadStoreSince43 extends ReadStoreSince42 {
   override def registerColFamily(
       colFamilyName: String,
@@ -37,5 +40,8 @@ trait ReadStoreSince43 extends ReadStoreSince42 {
       keyStateEncoderSpec: KeyStateEncoderSpec,
       useMultipleValuesPerKey: Boolean,
       isInternal: Boolean): Unit =
-    StoreChecks.defaultFamily(colFamilyName, storeProvider)
+    if (storeProvider.columnFamilies) {
+      storeProvider.declareFamily(
+        FamilySpec(colFamilyName, keySchema, valueSchema, keyStateEncoderSpec, useMultipleValuesPerKey))
+    } else StoreChecks.defaultFamily(colFamilyName, storeProvider)
 }

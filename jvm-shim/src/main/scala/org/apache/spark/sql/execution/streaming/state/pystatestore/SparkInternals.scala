@@ -37,6 +37,9 @@ object SparkInternals {
   def removingColumnFamiliesNotSupported(provider: String): Throwable =
     StateStoreErrors.removingColumnFamiliesNotSupported(provider)
 
+  def missingColumnFamily(operation: String, family: String): Throwable =
+    StateStoreErrors.unsupportedOperationOnMissingColumnFamily(operation, family)
+
   def unsupportedOperation(operation: String, entity: String): Throwable =
     StateStoreErrors.unsupportedOperationException(operation, entity)
 

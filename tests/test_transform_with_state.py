@@ -1,0 +1,193 @@
+"""transformWithState on Spark 4.1 through pystatestore (issue 33): its column families (value,
+list and map state, event-time timers) against Spark's RocksDB provider, batch for batch across
+restarts, and the state data source's per-variable reads and change feed. Spark 4.2+ refuse every
+provider but their RocksDB one for transformWithState (tests/test_spark_limits.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyspark
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+
+from spark_support import start_session
+
+# The processor is unpickled in Python workers whose path does not hold tests/: send it by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(
+        tuple(int(p) for p in pyspark.__version__.split(".")[:2]) != (4, 1),
+        reason="Spark 4.2+ refuse transformWithState on any provider but their RocksDB one",
+    ),
+]
+
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+OUTPUT = "key string, kind string, n long, detail string"
+BATCHES = 6
+
+
+class Tally(StatefulProcessor):
+    """Per key: a count (ValueState), every value seen (ListState), a count per value (MapState),
+    and an event-time timer 5 s after the newest event that reports and clears all three."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.seen = handle.getListState("seen", "v long")
+        self.per_value = handle.getMapState("perValue", "v long", "c long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
+        n = self.count.get()[0] if self.count.exists() else 0
+        newest = 0
+        for frame in rows:
+            for v, ts in zip(frame["v"], frame["ts"], strict=True):
+                n += 1
+                self.seen.appendValue((int(v),))
+                c = self.per_value.getValue((int(v),))[0] if self.per_value.containsKey((int(v),)) else 0
+                self.per_value.updateValue((int(v),), (c + 1,))
+                newest = max(newest, int(ts.timestamp() * 1000))
+        self.count.update((n,))
+        self.handle.registerTimer(newest + 5000)
+        seen = sorted(x[0] for x in self.seen.get())
+        per_value = sorted((k[0], v[0]) for k, v in self.per_value.iterator())
+        yield pd.DataFrame({"key": [key[0]], "kind": ["input"], "n": [n], "detail": [json.dumps([seen, per_value])]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
+        n = self.count.get()[0] if self.count.exists() else -1
+        self.count.clear()
+        self.seen.clear()
+        self.per_value.clear()
+        expiry = str(expiredTimerInfo.getExpiryTimeInMs())
+        yield pd.DataFrame({"key": [key[0]], "kind": ["expired"], "n": [n], "detail": [expiry]})
+
+    def close(self) -> None:
+        pass
+
+
+def run_batches(spark: SparkSession, root: Path) -> list[tuple[int, list[tuple]]]:
+    """BATCHES query runs (a restart before each), one input file each; every micro-batch's rows."""
+    source, checkpoint = root / "in", root / "checkpoint"
+    source.mkdir(parents=True)
+    out: list[tuple[int, list[tuple]]] = []
+    for b in range(BATCHES):
+        rows = [
+            {"k": f"k{(b * 7 + i) % 11}", "v": (b * 13 + i * 5) % 9, "ts": f"2026-01-01 00:00:{b * 3 + i % 4:02d}"}
+            for i in range(20)
+        ]
+        (source / f"{b:03d}.json").write_text("\n".join(json.dumps(r) for r in rows))
+        events = spark.readStream.schema("k string, v long, ts timestamp").json(str(source))
+        query = (
+            events.withWatermark("ts", "2 seconds")
+            .groupBy("k")
+            .transformWithStateInPandas(Tally(), outputStructType=OUTPUT, outputMode="Update", timeMode="EventTime")
+            .writeStream.foreachBatch(lambda df, batch: out.append((batch, sorted(map(tuple, df.collect())))))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+    return out
+
+
+def state_reads(spark: SparkSession, checkpoint: Path) -> dict[str, list[tuple]]:
+    """What the state data source reads per state variable, and the count's change feed."""
+    reads: dict[str, list[tuple]] = {}
+    for name in ("count", "seen", "perValue"):
+        frame = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", name).load()
+        reads[name] = sorted(map(tuple, frame.drop("partition_id").collect()))
+    feed = (
+        spark.read.format("statestore")
+        .option("path", str(checkpoint))
+        .option("stateVarName", "count")
+        .option("readChangeFeed", True)
+        .option("changeStartBatchId", 0)
+        .load()
+    )
+    # In the reader's order: per partition (so per key) the order the changes were made in.
+    reads["count changes"] = [tuple(r) for r in feed.drop("partition_id").collect()]
+    return reads
+
+
+def run_on(provider: str | None, root: Path) -> tuple[list, dict]:
+    previous = os.environ.get("PYSPARK_PYTHON")
+    # The processor's init runs on the driver in PYSPARK_PYTHON's Python: this one has pandas.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = start_session(
+        "local[2]", **{"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    )
+    try:
+        if provider is not None:
+            spark.conf.set(PROVIDER_CONF, provider)
+        assert spark.conf.get(PROVIDER_CONF) == (provider or "org.pystatestore.PythonStateStoreProvider")
+        outputs = run_batches(spark, root)
+        return outputs, state_reads(spark, root / "checkpoint")
+    finally:
+        spark.stop()
+        if previous is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = previous
+
+
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple[list, dict], tuple[list, dict], Path]:
+    root = tmp_path_factory.mktemp("tws")
+    reference = run_on(ROCKSDB, root / "rocksdb")
+    ours = run_on(None, root / "ours")
+    return reference, ours, root / "ours" / "checkpoint"
+
+
+def test_every_micro_batch_equals_sparks_rocksdb_provider(both_runs) -> None:  # noqa: ANN001
+    (reference, _), (ours, _), checkpoint = both_runs
+    assert (checkpoint / "state" / "0" / "0" / "manifests").is_dir(), "the query did not run on pystatestore"
+    kinds = {row[1] for _, rows in reference for row in rows}
+    assert kinds == {"input", "expired"}, f"the workload must fire timers too: {kinds}"
+    assert len(ours) == len(reference) >= BATCHES
+    for (batch, want), (got_batch, got) in zip(reference, ours, strict=True):
+        assert got_batch == batch and got == want, f"batch {batch}"
+
+
+def test_the_state_reader_reads_each_variable_and_its_change_feed_as_on_rocksdb(both_runs) -> None:  # noqa: ANN001
+    (_, reference), (_, ours), _ = both_runs
+    assert all(reference[name] for name in reference), {k: len(v) for k, v in reference.items()}
+    for name, rows in reference.items():
+        if name == "count changes":
+            # Spark's RocksDB logs every call (two timers of a key firing in one batch delete it
+            # twice); ours keeps each version's net change. Compared as net changes per batch.
+            rows, got = net_changes(rows), net_changes(ours[name])
+            assert sorted(ours[name]) == got, "our feed holds one net change per key and batch"
+        else:
+            got = ours[name]
+        assert got == rows, f"{name}: {got[:5]} vs {rows[:5]}"
+
+
+def net_changes(feed: list[tuple]) -> list[tuple]:
+    """A change feed as each batch's net change per key: its last operation, without deletes of
+    keys the batch began without."""
+    state: dict = {}
+    out = []
+    for batch in sorted({r[0] for r in feed}):
+        last = {}
+        for row in (r for r in feed if r[0] == batch):  # in the order the changes were made
+            last[row[2]] = row
+        for key, row in sorted(last.items(), key=lambda kv: str(kv[0])):
+            if row[1] == "delete" and key not in state:
+                continue
+            out.append(row)
+            if row[1] == "delete":
+                state.pop(key)
+            else:
+                state[key] = row[3]
+    return sorted(out)
