@@ -215,6 +215,8 @@ ROUTES = {
     "ours_to_rocksdb": (OUR_PROVIDER, 3, ROCKSDB_PROVIDER, 3),
     "ours_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
     "ours_4_to_7_partitions": (OUR_PROVIDER, 4, OUR_PROVIDER, 7),
+    # Spark's default partition count, down to a quarter (the benchmark's case, at test scale)
+    "ours_200_to_50_partitions": (OUR_PROVIDER, 200, OUR_PROVIDER, 50),
     "hdfs_7_to_2_partitions": (HDFS_PROVIDER, 7, HDFS_PROVIDER, 2),
     "ours_in_snapshot_commits_to_hdfs": (OUR_PROVIDER, 3, HDFS_PROVIDER, 3),
     # without Spark, from stores restored from SST snapshots rather than read as changelog segments
