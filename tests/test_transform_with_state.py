@@ -1,13 +1,16 @@
 """transformWithState on Spark 4.1 through pystatestore (issue 33): its column families (value,
-list and map state, event-time timers) against Spark's RocksDB provider, batch for batch across
-restarts, and the state data source's per-variable reads and change feed. Spark 4.2+ refuse every
+list and map state, event-time timers, TTL, initial state, a deleted state variable) against
+Spark's RocksDB provider, batch for batch across restarts, and the state data source's
+per-variable reads and change feed. Spark 4.2+ refuse every
 provider but their RocksDB one for transformWithState (tests/test_spark_limits.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +123,9 @@ def state_reads(spark: SparkSession, checkpoint: Path) -> dict[str, list[tuple]]
     return reads
 
 
-def run_on(provider: str | None, root: Path) -> tuple[list, dict]:
+@contextlib.contextmanager
+def session_on(provider: str | None) -> Iterator[SparkSession]:
+    """A local session whose queries use `provider` (None: pystatestore, as configure_spark sets)."""
     previous = os.environ.get("PYSPARK_PYTHON")
     # The processor's init runs on the driver in PYSPARK_PYTHON's Python: this one has pandas.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -131,14 +136,18 @@ def run_on(provider: str | None, root: Path) -> tuple[list, dict]:
         if provider is not None:
             spark.conf.set(PROVIDER_CONF, provider)
         assert spark.conf.get(PROVIDER_CONF) == (provider or "org.pystatestore.PythonStateStoreProvider")
-        outputs = run_batches(spark, root)
-        return outputs, state_reads(spark, root / "checkpoint")
+        yield spark
     finally:
         spark.stop()
         if previous is None:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = previous
+
+
+def run_on(provider: str | None, root: Path) -> tuple[list, dict]:
+    with session_on(provider) as spark:
+        return run_batches(spark, root), state_reads(spark, root / "checkpoint")
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +200,97 @@ def net_changes(feed: list[tuple]) -> list[tuple]:
             else:
                 state[key] = row[3]
     return sorted(out)
+
+
+class Expiring(StatefulProcessor):
+    """Processing time: TTL (1 ms: gone by the next batch),
+    a list with a TTL, a list seeded from the initial state, and from the fourth run on the value
+    `retired` deleted (`deleteIfExists`)."""
+
+    def __init__(self, retire: bool) -> None:
+        self.retire = retire
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.last = handle.getValueState("last", "v long", ttlDurationMs=1)
+        self.recent = handle.getListState("recent", "v long", ttlDurationMs=1)
+        self.items = handle.getListState("items", "v long")
+        if self.retire:
+            handle.deleteIfExists("retired")
+        else:
+            self.retired = handle.getValueState("retired", "n long")
+
+    def handleInitialState(self, key, initialState, timerValues) -> None:  # noqa: ANN001, N802, N803
+        for v in initialState["init"]:
+            self.items.appendValue((int(v),))
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
+        expired = [not self.last.exists(), not self.recent.exists()]
+        values = sorted(int(v) for frame in rows for v in frame["v"])
+        for v in values:
+            self.items.appendValue((v,))
+            self.recent.appendValue((v,))
+        self.last.update((values[-1],))
+        if not self.retire:
+            self.retired.update((len(values),))
+        items = sorted(x[0] for x in self.items.get())
+        detail = json.dumps([expired, items])
+        yield pd.DataFrame({"key": [key[0]], "kind": ["input"], "n": [len(items)], "detail": [detail]})
+
+    def close(self) -> None:
+        pass
+
+
+def run_expiring(spark: SparkSession, root: Path) -> list[list[tuple]]:
+    """TTL needs processing time, where Spark runs a batch at every trigger (an availableNow query,
+    or processAllAvailable, never ends): each run is a processing-time trigger stopped once the
+    batch that read its file is committed, and only the batches that read input are kept (how many
+    empty ones run in between is timing)."""
+    source, checkpoint = root / "in", root / "checkpoint"
+    source.mkdir(parents=True)
+    initial = spark.createDataFrame([(f"k{i}", i * 10) for i in range(4)], "k string, init long").groupBy("k")
+    out: dict[int, list[tuple]] = {}
+    for b in range(BATCHES):
+        rows = [{"k": f"k{(b * 5 + i) % 7}", "v": b * 100 + i} for i in range(6)]
+        (source / f"{b:03d}.json").write_text("\n".join(json.dumps(r) for r in rows))
+        events = spark.readStream.schema("k string, v long").json(str(source))
+        query = (
+            events.groupBy("k")
+            .transformWithStateInPandas(
+                Expiring(retire=b >= 3),
+                outputStructType=OUTPUT,
+                outputMode="Update",
+                timeMode="ProcessingTime",
+                initialState=initial,
+            )
+            .writeStream.foreachBatch(lambda df, batch: out.__setitem__(batch, sorted(map(tuple, df.collect()))))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert query.exception() is None, query.exception()
+                read = sorted(batch for batch, rows in out.items() if rows)
+                if len(read) > b and (checkpoint / "commits" / str(read[b])).exists():
+                    break
+                assert time.monotonic() < deadline, f"run {b}: no committed batch read the new file"
+                time.sleep(0.2)
+        finally:
+            query.stop()
+    return [rows for _, rows in sorted(out.items()) if rows]
+
+
+def test_ttl_initial_state_and_a_deleted_variable_equal_rocksdb(tmp_path: Path) -> None:
+    with session_on(ROCKSDB) as spark:
+        reference = run_expiring(spark, tmp_path / "rocksdb")
+    with session_on(None) as spark:
+        ours = run_expiring(spark, tmp_path / "ours")
+    assert (tmp_path / "ours" / "checkpoint" / "state" / "0" / "0" / "manifests").is_dir()
+    seen_again = [json.loads(row[3])[0] for rows in reference for row in rows]
+    assert seen_again and all(flags == [True, True] for flags in seen_again), (
+        f"values with a TTL of 1 ms must be gone by the next batch: {seen_again[:5]}"
+    )
+    assert len(ours) == len(reference) == BATCHES
+    for batch, (want, got) in enumerate(zip(reference, ours, strict=True)):
+        assert got == want, f"run {batch}: {got[:3]} vs {want[:3]}"

@@ -450,6 +450,31 @@ object ContractSuite {
     }
   }
 
+  scenario("a_removed_familys_id_is_never_given_again") {
+    if (changelogCommits) {
+      val p = provider(newDir(), useColumnFamilies = true)
+      def declare(s: StateStore, name: String): Unit =
+        s.createColFamilyIfAbsent(name, keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+      val s0 = p.getStore(0)
+      declare(s0, "old")
+      s0.put(key("a"), value(1), "old"); s0.put(key("b"), value(2), "old")
+      s0.commit()
+      val s1 = p.getStore(1)
+      check(s1.removeColFamilyIfExists("old"), "old existed")
+      s1.commit()
+      val s2 = p.getStore(2)
+      declare(s2, "new")
+      s2.put(key("c"), value(3), "new")
+      s2.commit()
+      // The change feed of the new family over every version: had it taken the removed family's
+      // id, the removed family's puts and deletes would show as its own.
+      val feed: Iterator[(Any, UnsafeRow, UnsafeRow, Long)] = p.getStateStoreChangeDataReader(1, 3, Some("new"), None)
+      val rows = feed.map { case (kind, k, _, batch) => (kind.toString, k.getUTF8String(0).toString, batch) }.toList
+      check(rows.map(r => (r._2, r._3)) == List(("c", 2L)), s"change feed of the new family: $rows")
+      p.close()
+    }
+  }
+
   scenario("several_values_per_key_merge_put_and_remove_across_commits") {
     if (backend == "rocksdb") {
       val p = provider(newDir(), useColumnFamilies = true)

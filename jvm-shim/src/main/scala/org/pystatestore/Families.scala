@@ -27,13 +27,23 @@ final case class FamilySpec(
   }
 
   def codec(id: Int): FamilyKeys = new FamilyKeys(id, innerCodec)
+
+  /** The encoder's arguments as the registry keeps them: prefix columns, or ordering ordinals. */
+  def encoderArgs: String = encoder match {
+    case PrefixKeyScanStateEncoderSpec(_, n) => n.toString
+    case RangeKeyScanStateEncoderSpec(_, ordinals) => ordinals.mkString(",")
+    case _ => ""
+  }
 }
 
 /**
  * The registry of a store's column families, kept in the store itself as family 0: name -> (id,
- * key encoding, multiple values, key and value schema as JSON). It is committed, restored, copied
- * and collected with the state, so a family keeps its id for the life of the checkpoint whatever
- * order Spark declares families in, and the offline tools can name each family's rows.
+ * key encoding and its arguments, multiple values, key and value schema as JSON). It is committed,
+ * restored, copied and collected with the state, so a family keeps its id for the life of the
+ * checkpoint whatever order Spark declares families in, a family can be removed in a run that never
+ * declared it (transformWithState's deleteIfExists), and the offline tools can name each family's
+ * rows. The entry named "" holds the highest id ever given: a removed family's id is never given
+ * again, since a change feed over older versions still finds that family's rows under it.
  */
 object FamilyRegistry {
   val Id = 0
@@ -44,7 +54,9 @@ object FamilyRegistry {
     StructField("keyEncoding", StringType, nullable = false),
     StructField("multipleValues", BooleanType, nullable = false),
     StructField("keySchema", StringType, nullable = false),
-    StructField("valueSchema", StringType, nullable = false)))
+    StructField("valueSchema", StringType, nullable = false),
+    StructField("encoderArgs", StringType, nullable = false)))
+  private val HighWater = ""
   val codec: FamilyKeys = new FamilyKeys(Id, new RawKeys(1))
   val numValueFields: Int = valueSchema.length
 
@@ -57,12 +69,37 @@ object FamilyRegistry {
       UTF8String.fromString(spec.innerCodec.name),
       spec.multipleValues,
       UTF8String.fromString(spec.keySchema.json),
-      UTF8String.fromString(spec.valueSchema.json))).copy()
+      UTF8String.fromString(spec.valueSchema.json),
+      UTF8String.fromString(spec.encoderArgs))).copy()
 
-  /** name -> id of every family in `version`. */
-  def read(version: CommittedVersion): Map[String, Int] = {
+  /** What `version` records: name -> (id, spec), and the highest id ever given (0: none). */
+  def read(version: CommittedVersion): (Map[String, (Int, FamilySpec)], Int) = {
     val it = version.family(codec, numValueFields).pairs()
-    try it.map { case (k, v) => k.getUTF8String(0).toString -> v.getInt(0) }.toMap finally it.close()
+    try {
+      val entries = it.map { case (k, v) => k.getUTF8String(0).toString -> v.copy() }.toList
+      val highWater = entries.collectFirst { case (HighWater, v) => v.getInt(0) }.getOrElse(0)
+      val families = entries.collect { case (name, v) if name != HighWater => name -> (v.getInt(0) -> specOf(name, v)) }
+      (families.toMap, math.max(highWater, (families.map(_._2._1) :+ 0).max))
+    } finally it.close()
+  }
+
+  /** The registry entry recording `id` as the highest id given. */
+  def highWaterKey: UnsafeRow = keyRow(HighWater)
+  def highWaterValue(id: Int): UnsafeRow =
+    UnsafeProjection.create(valueSchema).apply(InternalRow(id, UTF8String.fromString(""), false,
+      UTF8String.fromString(""), UTF8String.fromString(""), UTF8String.fromString(""))).copy()
+
+  private def specOf(name: String, v: UnsafeRow): FamilySpec = {
+    val keySchema = DataType.fromJson(v.getUTF8String(3).toString).asInstanceOf[StructType]
+    val valueSchema = DataType.fromJson(v.getUTF8String(4).toString).asInstanceOf[StructType]
+    val args = v.getUTF8String(5).toString
+    val encoder = v.getUTF8String(1).toString match {
+      case KeyCodec.Raw => NoPrefixKeyStateEncoderSpec(keySchema)
+      case KeyCodec.Prefix => PrefixKeyScanStateEncoderSpec(keySchema, args.toInt)
+      case KeyCodec.Range => RangeKeyScanStateEncoderSpec(keySchema, args.split(",").toSeq.map(_.toInt))
+      case other => throw new IllegalStateException(s"column family $name is stored with unknown key encoding $other")
+    }
+    FamilySpec(name, keySchema, valueSchema, encoder, v.getBoolean(2))
   }
 }
 
@@ -72,28 +109,24 @@ object FamilyRegistry {
  * row; only these functions look inside.
  */
 object ValueLists {
-  def encode(values: Iterable[UnsafeRow]): UnsafeRow = {
-    val size = values.iterator.map(4 + _.getSizeInBytes).sum
-    val out = ByteBuffer.allocate(size)
-    values.foreach { v => out.putInt(v.getSizeInBytes); v.writeTo(out) }
-    carrier(out.array())
-  }
+  def encode(values: Iterable[UnsafeRow]): UnsafeRow = carrier(values.iterator.map(bytesOf).toSeq)
 
   def append(existing: UnsafeRow, values: Iterable[UnsafeRow]): UnsafeRow =
-    if (existing == null) encode(values) else {
-      val more = encode(values)
-      val out = new Array[Byte](existing.getSizeInBytes + more.getSizeInBytes)
-      existing.writeToMemory(out, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
-      more.writeToMemory(out, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + existing.getSizeInBytes)
-      carrier(out)
-    }
+    if (existing == null) encode(values) else carrier(listed(existing) ++ values.iterator.map(bytesOf))
+
+  private def bytesOf(v: UnsafeRow): Array[Byte] = v.getBytes
+
+  /** Each value's bytes in a stored list. */
+  private def listed(list: UnsafeRow): Seq[Array[Byte]] = decode(list, 1).map(_.getBytes).toSeq
 
   def decode(list: UnsafeRow, numValueFields: Int): Iterator[UnsafeRow] =
     if (list == null) Iterator.empty else {
       val bytes = list.getBytes
       val buf = ByteBuffer.wrap(bytes)
       new Iterator[UnsafeRow] {
-        override def hasNext: Boolean = buf.remaining() > 0
+        // The list is padded with zeros to a multiple of 8 bytes (UnsafeRow sizes are): a length
+        // of 0 ends it, as no row has 0 bytes.
+        override def hasNext: Boolean = buf.remaining() >= 4 && buf.getInt(buf.position()) != 0
         override def next(): UnsafeRow = {
           if (buf.remaining() < 4) throw new IllegalStateException("a damaged list of values (cut short)")
           val length = buf.getInt()
@@ -107,8 +140,16 @@ object ValueLists {
       }
     }
 
-  /** An UnsafeRow object over `bytes`, only to carry them through the buffer and views. */
-  private def carrier(bytes: Array[Byte]): UnsafeRow = KeyCodec.row(bytes, 0, bytes.length, 1)
+  /**
+   * An UnsafeRow object over the list of `values` (4-byte length, bytes; zeros up to a multiple of 8,
+   * as UnsafeRow requires of its size), only to carry it through the buffer and views.
+   */
+  private def carrier(values: Seq[Array[Byte]]): UnsafeRow = {
+    val size = values.map(4 + _.length).sum
+    val out = ByteBuffer.allocate((size + 7) / 8 * 8)
+    values.foreach { v => out.putInt(v.length); out.put(v) }
+    KeyCodec.row(out.array(), 0, out.capacity(), 1)
+  }
 }
 
 /** One family as a store sees it: its id and spec, its slice of the base version, its write buffer. */
@@ -124,7 +165,8 @@ final class OpenFamily(val id: Int, val spec: FamilySpec, val base: CommittedVer
  * family after family in id order, which is the keys' order.
  */
 final class StoreFamilies(provider: PythonStateStoreProviderCore, base: CommittedVersion, writable: Boolean) {
-  private lazy val inBase: Map[String, Int] = FamilyRegistry.read(base)
+  private lazy val recorded = FamilyRegistry.read(base)
+  private lazy val inBase: Map[String, Int] = recorded._1.map { case (name, (id, _)) => name -> id }
   /** Families by id this store has touched (removed ones stay until commit: their deletes). */
   private val byId = mutable.TreeMap.empty[Int, OpenFamily]
   /** name -> id as of now (after this store's creations and removals). */
@@ -145,9 +187,13 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
     })
   }
 
+  /** What Spark declared of `name`, else what the registry recorded of it when it was created. */
+  private def specOf(name: String, operation: String): FamilySpec =
+    provider.familySpec(name).orElse(recorded._1.get(name).map(_._2)).getOrElse(throw missing(name, operation))
+
   /** The family `name` for reading: None when this version has no such family (it reads empty). */
   def forRead(name: String, operation: String): Option[OpenFamily] = {
-    val spec = provider.familySpec(name).getOrElse(throw missing(name, operation))
+    val spec = specOf(name, operation)
     idOf(name).map(open(_, spec))
   }
 
@@ -157,11 +203,12 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
     idOf(name) match {
       case Some(id) => open(id, spec)
       case None =>
-        val used = inBase.values ++ byId.keys ++ current.values
-        val id = if (used.isEmpty) FamilyRegistry.FirstFamilyId else used.max + 1
-        if (id > 0xffff) throw new IllegalStateException(s"${provider.describeStore} has no column family id left")
+        val used = Seq(recorded._2, FamilyRegistry.FirstFamilyId - 1) ++ byId.keys ++ current.values
+        val id = used.max + 1
+        if (id >= 0xffff) throw new IllegalStateException(s"${provider.describeStore} has no column family id left")
         current(name) = id
         registry.write(FamilyRegistry.keyRow(name), FamilyRegistry.valueRow(id, spec))
+        registry.write(FamilyRegistry.highWaterKey, FamilyRegistry.highWaterValue(id))
         registryWritten = true
         open(id, spec)
     }
@@ -175,7 +222,7 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
     idOf(name) match {
       case None => false
       case Some(id) =>
-        val family = open(id, provider.familySpec(name).getOrElse(throw missing(name, "removeColFamilyIfExists")))
+        val family = open(id, specOf(name, "removeColFamilyIfExists"))
         val it = pairs(family, null)
         try it.foreach { case (k, _) => family.buffer.write(k, null) } finally it.close()
         current.remove(name)
@@ -232,6 +279,20 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
       override def close(): Unit = fromBase.close()
     }
   }
+
+  /**
+   * Spark's iterator over family `name` (with `prefixKey`, its prefix scan), in key order; a family
+   * with several values per key gives each key once, with its first value (as Spark's RocksDB
+   * provider does): its values come from `valuesIterator`.
+   */
+  def iterator(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] =
+    forRead(name, operation) match {
+      case None => StoreChecks.pairs(Iterator.empty)
+      case Some(f) =>
+        val it = pairs(f, prefixKey)
+        if (!f.spec.multipleValues) StoreChecks.pairs(it)
+        else StoreChecks.pairs(it.map { case (k, v) => k -> ValueLists.decode(v, f.numValueFields).next() }, it)
+    }
 
   /** What the commit sends: the registry's changes, then each touched family's, in id order. */
   def commitParts: Seq[(WriteBuffer, CommittedVersion)] = synchronized {

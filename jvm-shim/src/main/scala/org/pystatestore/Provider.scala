@@ -244,9 +244,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val spec = familySpec(name).getOrElse(
         throw SparkInternals.missingColumnFamily("readChangeFeed", s"$name (store $describeStore)"))
       val end = loadForTask(endVersion).state
-      val id = try FamilyRegistry.read(end).get(name) finally end.release()
-      // A family the end version does not have: ids are never reused while a family exists, so no
-      // other family's rows can match an id it never had; none is taken to mean none.
+      val id = try FamilyRegistry.read(end)._1.get(name).map(_._1) finally end.release()
+      // A family the end version does not have gets an id never given (ids stop below 0xffff, and a
+      // removed family's id is never given again): it has no rows.
       Some(spec -> spec.codec(id.getOrElse(0xffff)))
     }
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)

@@ -67,13 +67,7 @@ abstract class PythonReadStateStoreCore(
 
   private def familyPairs(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] = {
     hold.check(operation)
-    families.forRead(name, operation) match {
-      case None => StoreChecks.pairs(Iterator.empty)
-      case Some(f) =>
-        val it = families.pairs(f, prefixKey)
-        if (!f.spec.multipleValues) StoreChecks.pairs(it)
-        else StoreChecks.pairs(it.map { case (k, v) => k -> ValueLists.decode(v, f.numValueFields).next() }, it)
-    }
+    families.iterator(name, prefixKey, operation)
   }
 
   /** The read marks, from now on owned (and freed) by the write store this one is upgraded to. */

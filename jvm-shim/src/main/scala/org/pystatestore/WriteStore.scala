@@ -110,18 +110,8 @@ abstract class PythonStateStoreCore(
     StoreChecks.pairs(fromBuffer ++ notOverridden, fromBase)
   }
 
-  /**
-   * A family's pairs in key order; a family with several values per key gives each key once, with
-   * its first value (as Spark's RocksDB provider does): its values come from `valuesIterator`.
-   */
   private def familyPairs(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] =
-    families.forRead(name, operation) match {
-      case None => StoreChecks.pairs(Iterator.empty)
-      case Some(f) =>
-        val it = families.pairs(f, prefixKey)
-        if (!f.spec.multipleValues) StoreChecks.pairs(it)
-        else StoreChecks.pairs(it.map { case (k, v) => k -> ValueLists.decode(v, f.numValueFields).next() }, it)
-    }
+    families.iterator(name, prefixKey, operation)
 
   /** A multi-value family of this store (several values per key are kept only in column families). */
   private def multiValueFamily(name: String, operation: String, write: Boolean): Option[OpenFamily] = {
