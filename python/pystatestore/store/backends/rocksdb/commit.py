@@ -22,9 +22,9 @@ from ...errors import CheckpointMissingError, StoreConfigError
 from ...leases import CommitLease
 from ...manifest import SNAPSHOT_DIR, manifest_path, snapshot_of
 from ..context import CommitResult, elapsed_ms
-from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
+from .config import APPLY_CHUNK_ROWS
 from .restore import ensure_at
-from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes
+from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes, store_state
 
 if TYPE_CHECKING:
     from ...manifest import FileRef, Manifest
@@ -208,16 +208,10 @@ def commit_compact_snapshot(
     metrics: dict[str, int] = {}
     t = time.perf_counter()
     puts = state.filter(pc.equal(state.column("op"), frames.OP_PUT)).sort_by([("key", "ascending")])
-    segment = b.db.work_dir / f"state-{version}-{uuid.uuid4().hex[:8]}"
-    try:
-        rows = changelog.write_segment(segment, puts.to_batches(APPLY_CHUNK_ROWS))
-        metrics["applyMs"] = elapsed_ms(t)
-        b._fault_point("commit:applied")
-        t = time.perf_counter()
-        inline_limit = min(b.config.inline_bytes, COMPACT_SNAPSHOT_INLINE_BYTES)
-        changes_ref, uploaded = store_changes(b, segment, rows, version, lease.token, inline_limit)
-    finally:
-        segment.unlink(missing_ok=True)
+    metrics["applyMs"] = elapsed_ms(t)
+    b._fault_point("commit:applied")
+    t = time.perf_counter()
+    changes_ref, uploaded = store_state(b, puts.to_batches(APPLY_CHUNK_ROWS), version, lease.token)
     metrics["uploadMs"] = elapsed_ms(t)
     b._fault_point("commit:uploaded")
     t = time.perf_counter()

@@ -9,7 +9,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,14 +144,10 @@ def compact_snapshot_of(
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(False)
     db = rocksdict.Rdict(str(checkpoint_dir), opts, access_type=rocksdict.AccessType.read_only())
-    segment = b.db.work_dir / f"state-{m.version}-{uuid.uuid4().hex[:8]}"
     try:
-        rows = changelog.write_segment(segment, _state_batches(db))
-        inline_limit = min(b.config.inline_bytes, COMPACT_SNAPSHOT_INLINE_BYTES)
-        changes, uploaded = store_changes(b, segment, rows, m.version, token, inline_limit)
+        changes, uploaded = store_state(b, _state_batches(db), m.version, token)
     finally:
         db.close()
-        segment.unlink(missing_ok=True)
     snapshot = replace(
         b.new_manifest(m.version, m.num_keys, m.attempt_id),
         manifest_id=m.manifest_id,
@@ -159,6 +155,20 @@ def compact_snapshot_of(
         changes=changes,
     )
     return snapshot, uploaded
+
+
+def store_state(
+    b: RocksDBBackend, batches: Iterable[pa.RecordBatch], version: int, token: str
+) -> tuple[ChangesRef, list[FileRef]]:
+    """A whole state (its pairs as puts, in key order) as one segment of a compact snapshot: inside
+    the manifest up to COMPACT_SNAPSHOT_INLINE_BYTES, else under changelog/."""
+    segment = b.db.work_dir / f"state-{version}-{uuid.uuid4().hex[:8]}"
+    try:
+        rows = changelog.write_segment(segment, batches)
+        inline_limit = min(b.config.inline_bytes, COMPACT_SNAPSHOT_INLINE_BYTES)
+        return store_changes(b, segment, rows, version, token, inline_limit)
+    finally:
+        segment.unlink(missing_ok=True)
 
 
 def store_changes(

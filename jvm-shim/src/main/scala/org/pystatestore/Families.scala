@@ -156,6 +156,9 @@ object ValueLists {
 final class OpenFamily(val id: Int, val spec: FamilySpec, val base: CommittedVersion, val buffer: WriteBuffer) {
   val codec: FamilyKeys = spec.codec(id)
   def numValueFields: Int = spec.valueSchema.length
+
+  /** The value stored for `key` as the store sees it now (a write store: its buffer over the base). */
+  def stored(key: UnsafeRow): UnsafeRow = if (buffer == null) base.get(key) else buffer.read(key, base.get)
 }
 
 /**
@@ -278,6 +281,18 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
       }
       override def close(): Unit = fromBase.close()
     }
+  }
+
+  /** Spark's `get`: a family with several values per key gives the first. */
+  def get(name: String, key: UnsafeRow): UnsafeRow = forRead(name, "get").map { f =>
+    val v = f.stored(key)
+    if (f.spec.multipleValues) ValueLists.decode(v, f.numValueFields).nextOption().orNull else v
+  }.orNull
+
+  /** Spark's `valuesIterator` over `f`, a family declared with several values per key. */
+  def values(f: OpenFamily, key: UnsafeRow): Iterator[UnsafeRow] = {
+    StoreChecks.multipleValuesDeclared(f, "valuesIterator", provider)
+    ValueLists.decode(f.stored(key), f.numValueFields)
   }
 
   /**

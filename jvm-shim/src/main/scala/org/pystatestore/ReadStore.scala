@@ -83,10 +83,7 @@ abstract class PythonReadStateStoreCore(
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     if (families != null) {
       hold.check("get")
-      return families.forRead(colFamilyName, "get").map { f =>
-        val v = f.base.get(key)
-        if (f.spec.multipleValues) ValueLists.decode(v, f.numValueFields).nextOption().orNull else v
-      }.orNull
+      return families.get(colFamilyName, key)
     }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
@@ -102,12 +99,7 @@ abstract class PythonReadStateStoreCore(
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
     if (families == null) throw StoreChecks.noMultipleValues(provider)
     hold.check("valuesIterator")
-    families.forRead(colFamilyName, "valuesIterator") match {
-      case None => Iterator.empty
-      case Some(f) =>
-        StoreChecks.multipleValuesDeclared(f, "valuesIterator", provider)
-        ValueLists.decode(f.base.get(key), f.numValueFields)
-    }
+    families.forRead(colFamilyName, "valuesIterator").map(families.values(_, key)).getOrElse(Iterator.empty)
   }
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)

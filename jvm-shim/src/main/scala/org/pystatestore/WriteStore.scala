@@ -45,10 +45,7 @@ abstract class PythonStateStoreCore(
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     if (families != null) {
       hold.check("get")
-      return families.forRead(colFamilyName, "get").map { f =>
-        val v = f.buffer.read(key, f.base.get)
-        if (f.spec.multipleValues) ValueLists.decode(v, f.numValueFields).nextOption().orNull else v
-      }.orNull
+      return families.get(colFamilyName, key)
     }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("get")
@@ -77,7 +74,7 @@ abstract class PythonStateStoreCore(
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     if (families != null) {
       hold.check("iterator")
-      return familyPairs(colFamilyName, null, "iterator")
+      return families.iterator(colFamilyName, null, "iterator")
     }
     StoreChecks.defaultFamily(colFamilyName, provider)
     hold.check("iterator")
@@ -90,7 +87,7 @@ abstract class PythonStateStoreCore(
       : StateStoreIterator[UnsafeRowPair] = {
     if (families != null) {
       hold.check("prefixScan")
-      return familyPairs(colFamilyName, prefixKey, "prefixScan")
+      return families.iterator(colFamilyName, prefixKey, "prefixScan")
     }
     StoreChecks.defaultFamily(colFamilyName, provider)
     StoreChecks.prefixEnabled(provider)
@@ -110,9 +107,6 @@ abstract class PythonStateStoreCore(
     StoreChecks.pairs(fromBuffer ++ notOverridden, fromBase)
   }
 
-  private def familyPairs(name: String, prefixKey: UnsafeRow, operation: String): StateStoreIterator[UnsafeRowPair] =
-    families.iterator(name, prefixKey, operation)
-
   /** A multi-value family of this store (several values per key are kept only in column families). */
   private def multiValueFamily(name: String, operation: String, write: Boolean): Option[OpenFamily] = {
     if (families == null) throw StoreChecks.noMultipleValues(provider)
@@ -124,10 +118,7 @@ abstract class PythonStateStoreCore(
   }
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    multiValueFamily(colFamilyName, "valuesIterator", write = false) match {
-      case None => Iterator.empty
-      case Some(f) => ValueLists.decode(f.buffer.read(key, f.base.get), f.numValueFields)
-    }
+    multiValueFamily(colFamilyName, "valuesIterator", write = false).map(families.values(_, key)).getOrElse(Iterator.empty)
 
   override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
     mergeList(key, Array(value), colFamilyName)
@@ -140,7 +131,7 @@ abstract class PythonStateStoreCore(
   override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     require(values != null && values.nonEmpty && !values.contains(null), "Cannot merge an empty list or a null value")
     multiValueFamily(colFamilyName, "merge", write = true).foreach { f =>
-      f.buffer.write(key, ValueLists.append(f.buffer.read(key, f.base.get), values))
+      f.buffer.write(key, ValueLists.append(f.stored(key), values))
     }
   }
 
