@@ -73,7 +73,7 @@ def test_maintenance_uploads_a_snapshot_while_commits_go_on(tmp_path: Path) -> N
     assert replies and replies[0].get("materializedVersion") == 2, replies
     assert (tmp_path / "store" / "snapshots" / f"2-{manifest_id(tmp_path, 2)}.json").exists()
     # the snapshot is what a restore of version 3 starts from: one version replayed
-    reply = json.loads(service.replay(handle, 2, 3, str(tmp_path / "local" / "views" / "replayed-3")))
+    reply = json.loads(service.replay(handle, 2, "", 3, "", str(tmp_path / "local" / "views" / "replayed-3")))
     assert reply["restoreChangelogVersions"] == 1, reply
     assert read_view(tmp_path / "local" / "views" / "replayed-3") == {b"b": b"1", b"c": b"2", b"d": b"3"}
 
@@ -84,7 +84,7 @@ def test_the_change_feed_frame_holds_each_versions_changes(tmp_path: Path) -> No
     commit_ok(service, handle, tmp_path, 1, {b"a": b"1", b"b": b"1"}, [], 2)
     commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [b"a"], 1)
     out = tmp_path / "feed.arrow"
-    reply = json.loads(service.changes(handle, 1, 2, str(out)))
+    reply = json.loads(service.changes(handle, 1, 2, "", str(out)))
     assert reply == {"rows": 4}, reply
     table = pa.ipc.open_stream(out.read_bytes()).read_all()
     assert table.schema.equals(frames.CHANGE_FEED_SCHEMA)
@@ -94,17 +94,17 @@ def test_the_change_feed_frame_holds_each_versions_changes(tmp_path: Path) -> No
         {"version": 2, "op": frames.OP_DELETE, "key": b"a", "value": None},
         {"version": 2, "op": frames.OP_PUT, "key": b"b", "value": b"2"},
     ]
-    bad = json.loads(service.changes(handle, 2, 1, str(out)))
+    bad = json.loads(service.changes(handle, 2, 1, "", str(out)))
     assert "changeStartBatchId" in bad["error"]["message"], bad
 
 
 def test_the_memory_backend_refuses_the_change_feed_and_replay_naming_the_conf(tmp_path: Path) -> None:
     service = StoreService()
     handle = open_store(service, tmp_path, backend="memory")
-    feed = json.loads(service.changes(handle, 1, 1, str(tmp_path / "feed.arrow")))
+    feed = json.loads(service.changes(handle, 1, 1, "", str(tmp_path / "feed.arrow")))
     assert "memory backend records no per-version changes" in feed["error"]["message"], feed
     assert "pystatestore.backend=rocksdb" in feed["error"]["message"], feed
-    replay = json.loads(service.replay(handle, 1, 1, str(tmp_path / "local" / "views" / "v")))
+    replay = json.loads(service.replay(handle, 1, "", 1, "", str(tmp_path / "local" / "views" / "v")))
     assert "keeps no snapshots" in replay["error"]["message"], replay
 
 

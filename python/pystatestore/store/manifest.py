@@ -59,6 +59,15 @@ def manifest_path(version: int, checkpoint_id: str | None = None) -> str:
     )
 
 
+# A checkpoint id (Spark's checkpoint format v2) is the manifest id of the attempt it names. Spark
+# hands ids back from its commit log: anything else is refused before it becomes part of a path.
+_CHECKPOINT_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def is_checkpoint_id(value: str) -> bool:
+    return bool(_CHECKPOINT_ID.match(value))
+
+
 def snapshot_path(version: int, manifest_id: str) -> str:
     """Where maintenance publishes the snapshot of changelog version `version` (attempt `manifest_id`)."""
     return f"{SNAPSHOT_DIR}/{version}-{manifest_id}.json"
@@ -71,6 +80,12 @@ def snapshot_of(path: str) -> tuple[int, str] | None:
     """(version, manifest id) of a snapshot manifest's path, or None for other files."""
     m = _SNAPSHOT_NAME.match(path.rsplit("/", 1)[-1])
     return (int(m.group(1)), m.group(2)) if m else None
+
+
+def checkpoint_id_of_manifest(name: str) -> str | None:
+    """The checkpoint id in a manifest file name (`<version>-<id>.json`), or None for other names."""
+    m = _MANIFEST_NAME.match(name.rsplit("/", 1)[-1])
+    return m.group(2) if m else None
 
 
 def version_of_manifest(name: str) -> int | None:
@@ -163,6 +178,17 @@ class Manifest:
     @property
     def is_changelog(self) -> bool:
         return self.kind == KIND_CHANGELOG
+
+    @property
+    def path(self) -> str:
+        """Where this manifest is published: `manifests/<version>.json`, or with checkpoint ids
+        (Spark's format v2) `manifests/<version>-<id>.json`, one file per attempt."""
+        return manifest_path(self.version, self.checkpoint_id)
+
+    @property
+    def parent_path(self) -> str:
+        """The manifest of the attempt at `base_version` a changelog manifest's changes apply to."""
+        return manifest_path(self.base_version, self.parent_manifest_id if self.checkpoint_id else None)
 
     def files(self) -> list[FileRef]:
         """Every file of the checkpoint this manifest itself names (not those stored inside it)."""
@@ -268,6 +294,8 @@ class Manifest:
             raise InvalidPathError(e.problem, store=store, version=version, file=file) from None
         if m.version != version:
             raise damaged(f"it describes version {m.version}")
+        if m.checkpoint_id is not None and (m.checkpoint_id != m.manifest_id or not is_checkpoint_id(m.checkpoint_id)):
+            raise damaged(f"checkpoint id {m.checkpoint_id!r} is not its manifest id {m.manifest_id!r}")
         if m.key_encoding not in KEY_ENCODINGS:
             raise damaged(f"unknown key encoding {m.key_encoding!r}")
         if m.kind not in (KIND_SNAPSHOT, KIND_CHANGELOG):

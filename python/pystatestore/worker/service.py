@@ -29,7 +29,7 @@ from ..store.manifest import KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
 from . import faults
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 MAINTENANCE_PARTS = ("snapshot", "cleanup")
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
@@ -55,6 +55,7 @@ def context_from_description(desc: dict[str, Any]) -> StoreContext:
         views_dir=str(desc.get("viewsDir", "")),
         host_dir=str(desc.get("hostDir", "")),
         min_deltas_for_snapshot=_positive_int(desc.get("minDeltasForSnapshot", 10), "minDeltasForSnapshot", store),
+        checkpoint_ids=bool(desc.get("checkpointIds", False)),
     )
 
 
@@ -186,14 +187,14 @@ class StoreService:
 
         return _reply(run)
 
-    def load(self, handle: str, version: int, out_path: str, view_dir: str) -> str:
-        """Makes `version` readable by the JVM: a state frame at `out_path`, or (view backends) a
-        read view at `view_dir`."""
+    def load(self, handle: str, version: int, checkpoint_id: str, out_path: str, view_dir: str) -> str:
+        """Makes `version` (its attempt `checkpoint_id`, unless "") readable by the JVM: a state frame
+        at `out_path`, or (view backends) a read view at `view_dir`."""
 
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             with self._store(handle).locked(f"load of version {version}", handle) as backend:
-                result = backend.load(int(version), view_dir or None)
+                result = backend.load(int(version), view_dir or None, str(checkpoint_id) or None)
             _log_restore(handle, int(version), result)
             if result.frame is not None:
                 frames.write_buffer(out_path, result.frame)
@@ -312,9 +313,10 @@ class StoreService:
         report.update(getattr(job, "metrics", {}))
         return report
 
-    def changes(self, handle: str, start_version: int, end_version: int, out_path: str) -> str:
-        """Writes the change feed of versions start..end (inclusive) to `out_path` as an Arrow
-        stream (version int64, op int8, key binary, value binary), version by version."""
+    def changes(self, handle: str, start_version: int, end_version: int, end_id: str, out_path: str) -> str:
+        """Writes the change feed of versions start..end (inclusive; end's attempt `end_id`, unless "")
+        to `out_path` as an Arrow stream (version int64, op int8, key binary, value binary), version
+        by version."""
 
         def run() -> dict[str, Any]:
             start, end = int(start_version), int(end_version)
@@ -331,21 +333,30 @@ class StoreService:
                 pa.OSFile(out_path, "wb") as sink,
                 pa.ipc.new_stream(sink, frames.CHANGE_FEED_SCHEMA) as writer,
             ):
-                for version, batch in backend.changes(start, end):
+                for version, batch in backend.changes(start, end, str(end_id) or None):
                     writer.write_batch(frames.change_feed_batch(version, batch))
                     rows += batch.num_rows
             return {"rows": rows}
 
         return _reply(run)
 
-    def replay(self, handle: str, snapshot_version: int, end_version: int, view_dir: str) -> str:
-        """Leaves a read view of `end_version` rebuilt from the snapshot of `snapshot_version`."""
+    def replay(
+        self, handle: str, snapshot_version: int, snapshot_id: str, end_version: int, end_id: str, view_dir: str
+    ) -> str:
+        """Leaves a read view of `end_version` rebuilt from the snapshot of `snapshot_version` (ids ""
+        unless Spark names the attempts)."""
 
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             what = f"replay of version {end_version} from snapshot {snapshot_version}"
             with self._store(handle).locked(what, handle) as backend:
-                result = backend.replay(int(snapshot_version), int(end_version), view_dir or None)
+                result = backend.replay(
+                    int(snapshot_version),
+                    int(end_version),
+                    view_dir or None,
+                    snapshot_id=str(snapshot_id) or None,
+                    end_id=str(end_id) or None,
+                )
             _log_restore(handle, int(end_version), result)
             return _load_reply(result, started)
 

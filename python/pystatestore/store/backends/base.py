@@ -22,6 +22,8 @@ from ..manifest import (
     ChangesRef,
     FileRef,
     Manifest,
+    checkpoint_id_of_manifest,
+    is_checkpoint_id,
     manifest_path,
     snapshot_of,
     snapshot_path,
@@ -88,9 +90,10 @@ class StateBackend(abc.ABC):
         )
 
     @abc.abstractmethod
-    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
+    def load(self, version: int, view_dir: str | None = None, checkpoint_id: str | None = None) -> LoadResult:
         """Makes `version` readable: as a frame of all pairs, or (view backends) as a read view
-        written to `view_dir`, which must not exist yet."""
+        written to `view_dir`, which must not exist yet. `checkpoint_id` names the attempt
+        (Spark's checkpoint format v2)."""
 
     @abc.abstractmethod
     def commit(
@@ -138,11 +141,21 @@ class StateBackend(abc.ABC):
     def complete_materialization(self, job: Any) -> None:  # noqa: B027 - only called with a job
         """Under the store's lock again: lets the backend know the snapshot exists."""
 
-    def changes(self, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def changes(
+        self, start_version: int, end_version: int, end_id: str | None = None
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """The change feed, version by version; only changelog backends record changes."""
         raise self._unsupported("records no per-version changes (the change feed)")
 
-    def replay(self, snapshot_version: int, end_version: int, view_dir: str | None = None) -> LoadResult:
+    def replay(
+        self,
+        snapshot_version: int,
+        end_version: int,
+        view_dir: str | None = None,
+        *,
+        snapshot_id: str | None = None,
+        end_id: str | None = None,
+    ) -> LoadResult:
         """A version rebuilt from an older snapshot; only changelog backends can."""
         raise self._unsupported("keeps no snapshots to replay from (snapshotStartBatchId)")
 
@@ -154,19 +167,39 @@ class StateBackend(abc.ABC):
         )
 
     # -- manifests -------------------------------------------------------------------------
-    def read_manifest(self, version: int) -> Manifest:
-        """The manifest of `version`, checked to belong to this store and this backend."""
-        m = self.read_any_manifest(version)
-        self._check_identity(m, manifest_path(version))
+    def read_manifest(self, version: int, checkpoint_id: str | None = None) -> Manifest:
+        """The manifest of `version` (of its attempt `checkpoint_id`, when given: Spark's checkpoint
+        format v2), checked to belong to this store and this backend."""
+        m = self.read_any_manifest(version, checkpoint_id)
+        self._check_identity(m, m.path)
         return m
 
-    def read_any_manifest(self, version: int) -> Manifest:
-        """The manifest of `version` as stored, whichever backend wrote it (validated, not yet matched)."""
+    def read_any_manifest(self, version: int, checkpoint_id: str | None = None) -> Manifest:
+        """The manifest of `version` as stored, whichever backend wrote it (validated, not yet matched).
+        Without `checkpoint_id`, a store written with checkpoint ids is read only if the version has
+        a single attempt: which of several counts is in Spark's commit log, not in the store."""
+        if checkpoint_id is not None:
+            return self._read_attempt(version, checkpoint_id)
         rel = manifest_path(version)
         if not self.remote.exists(rel):
             aside = self._newest_replaced(version)
             if aside is not None:
                 return aside
+            attempts = self.attempts_of(version)
+            if len(attempts) == 1:
+                return self._read_attempt(version, attempts[0])
+            if attempts:
+                raise StoreConfigError(
+                    f"version {version} was committed by {len(attempts)} attempts under checkpoint format v2 "
+                    f"({', '.join(attempts[:4])}{', ...' if len(attempts) > 4 else ''}) and no checkpoint id says "
+                    "which one to read",
+                    store=self.ctx.store_dir,
+                    version=version,
+                    file=rel,
+                    advice="Spark's commit log names the attempt of each batch: read the state through Spark (the "
+                    "state data source reads the commit log) or with the pystatestore tools given the query's "
+                    "checkpoint location. Nothing was read or changed.",
+                )
             foreign = describe_foreign_layout(self.remote)
             if foreign is not None:
                 raise CheckpointMissingError(
@@ -188,6 +221,54 @@ class StateBackend(abc.ABC):
             )
         data = self.remote.read_bytes(rel, version=version)
         return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+
+    def attempts_of(self, version: int) -> list[str]:
+        """The checkpoint ids of `version`'s attempts published under checkpoint format v2."""
+        return sorted(
+            cid
+            for f in self.remote.list_files(MANIFEST_DIR)
+            if version_of_manifest(f.path) == version and (cid := checkpoint_id_of_manifest(f.path)) is not None
+        )
+
+    def _read_attempt(self, version: int, checkpoint_id: str) -> Manifest:
+        """The manifest of attempt `checkpoint_id` of `version` (checkpoint format v2)."""
+        if not is_checkpoint_id(checkpoint_id):
+            raise StoreConfigError(
+                f"checkpoint id {checkpoint_id[:80]!r} of version {version} is not one pystatestore writes "
+                "(32 hexadecimal digits)",
+                store=self.ctx.store_dir,
+                version=version,
+                advice="Spark took the id from the query's commit log: the commit log was written with another state "
+                "store provider, or edited. Keep the provider the checkpoint was created with, or start the query "
+                "from a new checkpoint location. Nothing was read or changed.",
+            )
+        rel = manifest_path(version, checkpoint_id)
+        if not self.remote.exists(rel):
+            raise CheckpointMissingError(
+                f"attempt {checkpoint_id} of this version was never committed or has been removed by retention",
+                store=self.ctx.store_dir,
+                version=version,
+                file=rel,
+                advice="Spark asked for the attempt its commit log names, and the checkpoint does not hold it; check "
+                "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited or copied without "
+                "its state directory.",
+            )
+        data = self.remote.read_bytes(rel, version=version)
+        m = Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+        if m.checkpoint_id != checkpoint_id:
+            raise CheckpointDamagedError(
+                f"the manifest describes attempt {m.manifest_id}, not the attempt {checkpoint_id} it is named for",
+                store=self.ctx.store_dir,
+                version=version,
+                file=rel,
+                advice="Files were copied or renamed inside the store directory; nothing was read or deleted. Restore "
+                "the store directory from a backup or start from a new checkpoint location.",
+            )
+        return m
+
+    def attempt_for_lookup(self, manifest_id: str | None) -> str | None:
+        """The checkpoint id to read an attempt by: its manifest id where manifests are named by id."""
+        return manifest_id if self.ctx.checkpoint_ids and manifest_id else None
 
     def _newest_replaced(self, version: int) -> Manifest | None:
         """A manifest `RemoteStore.publish` set aside and whose replacement never landed (a crash
@@ -256,25 +337,28 @@ class StateBackend(abc.ABC):
             )
         return m
 
-    def chain_back(self, m: Manifest, cache: dict[int, Manifest] | None = None) -> Iterator[Manifest]:
+    def chain_back(self, m: Manifest, cache: dict[str, Manifest] | None = None) -> Iterator[Manifest]:
         """`m`, then the manifest of each version it was committed on, back to a snapshot manifest
-        or to version 1. Each parent must be the very attempt its child was committed on."""
+        or to version 1. Each parent must be the very attempt its child was committed on. `cache`
+        holds manifests already read, by path."""
         cache = {} if cache is None else cache
         current = m
         while True:
             yield current
             if not current.is_changelog or current.base_version == 0:
                 return
-            parent = cache.get(current.base_version)
+            parent = cache.get(current.parent_path)
             if parent is None:
-                parent = cache[current.base_version] = self.read_manifest(current.base_version)
+                parent = cache[current.parent_path] = self.read_manifest(
+                    current.base_version, current.parent_manifest_id if current.checkpoint_id else None
+                )
             if parent.manifest_id != current.parent_manifest_id:
                 raise CheckpointDamagedError(
                     f"version {current.version} holds changes to attempt {current.parent_manifest_id} of version "
                     f"{current.base_version}, but the checkpoint holds attempt {parent.manifest_id}",
                     store=self.ctx.store_dir,
                     version=current.version,
-                    file=manifest_path(current.base_version),
+                    file=current.parent_path,
                     advice="A version was replaced after later versions were committed on it (a task attempt that "
                     "outlived its stage?). Restore the store directory from a backup or start from a new "
                     "checkpoint location.",
@@ -287,7 +371,7 @@ class StateBackend(abc.ABC):
         *,
         snapshots: Mapping[tuple[int, str], RemoteFile],
         now: float,
-        cache: dict[int, Manifest] | None = None,
+        cache: dict[str, Manifest] | None = None,
     ) -> set[str]:
         """Every file a version needs to be restored: for a changelog version, its chain's manifests
         and changes back to a snapshot. While the newest snapshot on the chain is younger than the
@@ -301,7 +385,7 @@ class StateBackend(abc.ABC):
         grace = self.ctx.orphan_grace_seconds
         found = 0
         for c in self.chain_back(m, cache):
-            needed.add(manifest_path(c.version))
+            needed.add(c.path)
             needed.update(f.path for f in c.files())
             if not c.is_changelog:
                 break
@@ -327,18 +411,20 @@ class StateBackend(abc.ABC):
         private: dict[str, FileRef] | None = None,
     ) -> Manifest:
         """The snapshot manifest of `version` (based on `version - 1`) for this store and backend."""
-        return Manifest(
-            store=self.ctx.identity,
-            version=version,
-            base_version=version - 1,
-            backend=self.name,
-            key_schema=self.ctx.key_schema,
-            value_schema=self.ctx.value_schema,
-            num_keys=num_keys,
-            attempt_id=attempt_id,
-            shared=shared or {},
-            private=private or {},
-            key_encoding=self.ctx.key_encoding,
+        return self._named(
+            Manifest(
+                store=self.ctx.identity,
+                version=version,
+                base_version=version - 1,
+                backend=self.name,
+                key_schema=self.ctx.key_schema,
+                value_schema=self.ctx.value_schema,
+                num_keys=num_keys,
+                attempt_id=attempt_id,
+                shared=shared or {},
+                private=private or {},
+                key_encoding=self.ctx.key_encoding,
+            )
         )
 
     def new_changelog_manifest(
@@ -346,20 +432,28 @@ class StateBackend(abc.ABC):
     ) -> Manifest:
         """The changelog manifest of `version`: `changes` applied to attempt `parent_manifest_id` of
         `version - 1`. The schemas are left to snapshot manifests, except at the start of a chain."""
-        return Manifest(
-            store=self.ctx.identity,
-            version=version,
-            base_version=version - 1,
-            backend=self.name,
-            key_schema=self.ctx.key_schema if version == 1 else "",
-            value_schema=self.ctx.value_schema if version == 1 else "",
-            num_keys=num_keys,
-            attempt_id=attempt_id,
-            key_encoding=self.ctx.key_encoding,
-            kind=KIND_CHANGELOG,
-            parent_manifest_id=parent_manifest_id,
-            changes=changes,
+        return self._named(
+            Manifest(
+                store=self.ctx.identity,
+                version=version,
+                base_version=version - 1,
+                backend=self.name,
+                key_schema=self.ctx.key_schema if version == 1 else "",
+                value_schema=self.ctx.value_schema if version == 1 else "",
+                num_keys=num_keys,
+                attempt_id=attempt_id,
+                key_encoding=self.ctx.key_encoding,
+                kind=KIND_CHANGELOG,
+                parent_manifest_id=parent_manifest_id,
+                changes=changes,
+            )
         )
+
+    def _named(self, m: Manifest) -> Manifest:
+        """Under checkpoint format v2 a manifest's id is also its checkpoint id, in its file name."""
+        if self.ctx.checkpoint_ids:
+            m.checkpoint_id = m.manifest_id
+        return m
 
     # -- retention (DESIGN §4) -------------------------------------------------------------
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
@@ -427,19 +521,18 @@ class StateBackend(abc.ABC):
                 self.parsed.put(snap, found, now)
         return found
 
-    def _listed_manifests(self, manifests: list[RemoteFile]) -> dict[int, Manifest]:
-        """The manifests of the listed versions `parsed` holds unchanged."""
+    def _listed_manifests(self, manifests: list[RemoteFile]) -> dict[str, Manifest]:
+        """The listed manifests `parsed` holds unchanged, by path."""
         found = {}
         for f in manifests:
-            v = version_of_manifest(f.path)
-            if v is not None and (m := self.parsed.get(f)) is not None:
-                found[v] = m
+            if version_of_manifest(f.path) is not None and (m := self.parsed.get(f)) is not None:
+                found[f.path] = m
         return found
 
-    def _remember_manifests(self, manifests: list[RemoteFile], read: Mapping[int, Manifest], now: float) -> None:
+    def _remember_manifests(self, manifests: list[RemoteFile], read: Mapping[str, Manifest], now: float) -> None:
         for f in manifests:
             v = version_of_manifest(f.path)
-            m = read.get(v) if v is not None else None
+            m = read.get(f.path) if v is not None else None
             if m is None or m.version != v or self.parsed.get(f) is m:
                 continue
             try:
@@ -456,36 +549,43 @@ class StateBackend(abc.ABC):
         now: float,
         pinned: frozenset[int] = frozenset(),
     ) -> dict[int, list[str] | None]:
-        """What each version with a manifest needs (None: its manifest is unreadable). A retained
+        """What each version with a manifest needs (None: a manifest of it is unreadable). A retained
         version needs its whole chain back to a snapshot; so do the version committed last, which
         retention keeps whatever its number (the next commit builds on it), and the `pinned` ones
         (live commit attempts build on them); an older one, only what it names itself (it is going,
-        and with it what only it used)."""
+        and with it what only it used). Under checkpoint format v2 a version needs what each of its
+        attempts does: any of them may be the one Spark's commit log names."""
         snapshots = {
             key: f for f in data_files if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
         }
-        versions = (
-            {version_of_manifest(f.path) for f in manifests} | {version_of_replaced_manifest(f.path) for f in manifests}
-        ) - {None}
-        lowest = lowest_retained_version(versions, self.ctx.min_versions_to_retain)
+        attempts: dict[int, list[str | None]] = {}
+        for f in manifests:
+            if (v := version_of_manifest(f.path)) is not None:
+                attempts.setdefault(v, []).append(checkpoint_id_of_manifest(f.path))
+            elif (v := version_of_replaced_manifest(f.path)) is not None:
+                attempts.setdefault(v, [])
+        lowest = lowest_retained_version(attempts, self.ctx.min_versions_to_retain)
         last = last_published_version(manifests)
         refs: dict[int, list[str] | None] = {}
         # Manifests parsed by earlier runs and unchanged since (checked to be this store's, as the
         # chains need them); the rest are read once per run.
-        cache: dict[int, Manifest] = self._listed_manifests(manifests)
-        unchecked: dict[int, Manifest] = {}
-        for v in sorted(versions, reverse=True):
+        cache: dict[str, Manifest] = self._listed_manifests(manifests)
+        unchecked: dict[str, Manifest] = {}
+        for v in sorted(attempts, reverse=True):
+            needed: set[str] = set()
             try:
-                m = cache.get(v)
-                if m is None:
-                    m = unchecked[v] = self.read_any_manifest(v)
-                if lowest is not None and (v >= lowest or v == last or v in pinned):
-                    needed = self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
-                else:
+                for cid in attempts[v] or [None]:  # None: a set-aside manifest only (RemoteStore.publish)
+                    m = cache.get(manifest_path(v, cid))
+                    if m is None:
+                        m = self.read_any_manifest(v, cid)
+                        unchecked[m.path] = m
+                    if lowest is not None and (v >= lowest or v == last or v in pinned):
+                        needed |= self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
+                        continue
                     # A version on its way out: its own files and the snapshot made of it, so the
                     # registry sees when they were last used and frees them at once when no
                     # retained version's chain needs them (rather than after the orphan grace).
-                    needed = {f.path for f in m.files()}
+                    needed |= {f.path for f in m.files()}
                     snap = snapshots.get((v, m.manifest_id))
                     materialized = self._listed_snapshot(snap, m, now) if snap is not None else None
                     if snap is not None and materialized is not None:

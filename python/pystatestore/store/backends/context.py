@@ -50,6 +50,10 @@ class StoreContext:
     # Spark's spark.sql.streaming.stateStore.minDeltasForSnapshot: changelog versions after which
     # maintenance makes a snapshot.
     min_deltas_for_snapshot: int = 10
+    # Spark's checkpoint format v2 (checkpointFormatVersion=2): each attempt's manifest is published
+    # under its own id (`manifests/<version>-<id>.json`, never replaced) and Spark names the id it
+    # loads; its commit log, not the last manifest written, says which attempt of a version counts.
+    checkpoint_ids: bool = False
 
     @property
     def identity(self) -> dict[str, Any]:

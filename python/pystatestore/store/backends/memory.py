@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from .. import frames
 from ..errors import CheckpointDamagedError
-from ..manifest import FileRef, Manifest, checksum, manifest_path
+from ..manifest import FileRef, Manifest, checksum
 from ..retention import RetentionPlan
 from .base import StateBackend, log
 from .context import CommitResult, LoadResult, elapsed_ms
@@ -37,7 +37,7 @@ class MemoryBackend(StateBackend):
         ref = manifest.private.get(ref_name)
         if ref is None:
             raise CheckpointDamagedError(
-                f"manifest lists no {ref_name}", store=self.ctx.store_dir, version=version, file=manifest_path(version)
+                f"manifest lists no {ref_name}", store=self.ctx.store_dir, version=version, file=manifest.path
             )
         data = self.remote.read_bytes(ref.path, version=version)
         if data.size != ref.size:
@@ -57,13 +57,19 @@ class MemoryBackend(StateBackend):
             )
         return data
 
-    def _state(self, version: int, *, current: bool = False) -> tuple[dict[bytes, bytes], int, str]:
+    def _state(
+        self, version: int, *, current: bool = False, checkpoint_id: str | None = None
+    ) -> tuple[dict[bytes, bytes], int, str]:
         """The version's pairs, the bytes read from storage to get them, and its manifest id. With
-        `current`, a cached version is used only if it is still the attempt the checkpoint holds."""
+        `current`, a cached version is used only if it is still the attempt the checkpoint holds;
+        with `checkpoint_id` (format v2), only if it is that attempt."""
         if version == 0:
             return {}, 0, ""
         cached = self._versions.get(version)
-        manifest = self.read_manifest(version) if current or cached is None else None
+        if checkpoint_id is not None and cached is not None and cached[1] == checkpoint_id:
+            manifest = None  # an attempt's manifest is never replaced
+        else:
+            manifest = self.read_manifest(version, checkpoint_id) if current or cached is None else None
         if cached is not None and (manifest is None or cached[1] == manifest.manifest_id):
             self._versions.move_to_end(version)
             return cached[0], 0, cached[1]
@@ -87,8 +93,8 @@ class MemoryBackend(StateBackend):
         while len(self._versions) > self.versions_in_memory:
             self._versions.popitem(last=False)
 
-    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
-        state, read, manifest_id = self._state(version, current=True)
+    def load(self, version: int, view_dir: str | None = None, checkpoint_id: str | None = None) -> LoadResult:
+        state, read, manifest_id = self._state(version, current=True, checkpoint_id=checkpoint_id)
         return LoadResult(
             frames.state_to_buffer(state), len(state), read, "remote" if read else "memory", manifest_id=manifest_id
         )
@@ -111,7 +117,9 @@ class MemoryBackend(StateBackend):
         if empty_base:
             base, read = {}, 0
         else:
-            base, read, base_id = self._state(base_version, current=True)
+            base, read, base_id = self._state(
+                base_version, current=True, checkpoint_id=self.attempt_for_lookup(base_manifest_id)
+            )
             self.check_base(base_version, base_id, base_manifest_id)
         if read:
             timed["restoreMs"] = elapsed_ms(started)
@@ -140,14 +148,14 @@ class MemoryBackend(StateBackend):
             manifest.commit_ms = timed
             body = manifest.to_json()
             lease.check_before_publish()
-            self.remote.publish(manifest_path(version), body)  # the commit point
+            self.remote.publish(manifest.path, body)  # the commit point
         self._remember(version, state, manifest.manifest_id)
         return CommitResult(
             version,
             len(state),
             snapshot.size + len(body),
             2,
-            manifest_path(version),
+            manifest.path,
             manifest_id=manifest.manifest_id,
             snapshot=True,  # every version is a full state frame
         )

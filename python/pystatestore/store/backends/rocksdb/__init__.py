@@ -83,25 +83,37 @@ class RocksDBBackend(StateBackend):
         return self.db.work_dir
 
     # -- reading -------------------------------------------------------------------------
-    def load(self, version: int, view_dir: str | None = None) -> LoadResult:
+    def load(self, version: int, view_dir: str | None = None, checkpoint_id: str | None = None) -> LoadResult:
         """Makes the local DB hold `version` and leaves it as a read view at `view_dir` (a RocksDB
         checkpoint: hard links). Nothing proportional to the number of keys is read or sent.
         Without `view_dir` (Python callers) only the local DB is brought to `version`."""
-        return reading.load(self, version, view_dir)
+        return reading.load(self, version, view_dir, checkpoint_id)
 
-    def replay(self, snapshot_version: int, end_version: int, view_dir: str | None = None) -> LoadResult:
+    def replay(
+        self,
+        snapshot_version: int,
+        end_version: int,
+        view_dir: str | None = None,
+        *,
+        snapshot_id: str | None = None,
+        end_id: str | None = None,
+    ) -> LoadResult:
         """Spark's replayStateFromSnapshot: the state of `end_version` built from the snapshot of
         `snapshot_version` (which must exist) and the changes after it, bypassing every shortcut
         (local DB, local copies of later versions), e.g. to get around a damaged later snapshot."""
-        return reading.replay_from_snapshot(self, snapshot_version, end_version, view_dir)
+        return reading.replay_from_snapshot(
+            self, snapshot_version, end_version, view_dir, snapshot_id=snapshot_id, end_id=end_id
+        )
 
     def snapshot_versions(self) -> list[int]:
         """Versions that have a snapshot (their own manifest, or one maintenance made)."""
         return reading.snapshot_versions(self)
 
-    def changes(self, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def changes(
+        self, start_version: int, end_version: int, end_id: str | None = None
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """The change feed: each version's changes (op, key, value), start to end inclusive."""
-        return reading.changes(self, start_version, end_version)
+        return reading.changes(self, start_version, end_version, end_id)
 
     # -- writing -------------------------------------------------------------------------
     def commit(
@@ -124,7 +136,7 @@ class RocksDBBackend(StateBackend):
             else self.work_dir / f"ckpt-{version}-{uuid.uuid4().hex[:8]}"
         )
         with self.commit_attempt(version) as lease:
-            if base_version > 0 and not empty_base and self.remote.exists(manifest_path(version)):
+            if base_version > 0 and not empty_base and self._rerun(version, base_manifest_id):
                 # Spark re-runs an older batch (or retries one that was durable): the base may already
                 # be below the retained versions, so keep GC off it while this attempt runs.
                 lease.pin_base(base_version)
@@ -140,6 +152,14 @@ class RocksDBBackend(StateBackend):
                 view_dir,
                 empty_base=empty_base,
             )
+
+    def _rerun(self, version: int, base_manifest_id: str | None) -> bool:
+        """Whether `version` may already be committed (so its base may be old). Under checkpoint ids,
+        where a version's attempts cannot be found without a listing, any commit on a base the local
+        DB does not hold counts: a restart, a retry, or a re-run."""
+        if not self.ctx.checkpoint_ids:
+            return self.remote.exists(manifest_path(version))
+        return not (self.db.version == version - 1 and self.db.manifest_id == base_manifest_id)
 
     # -- snapshots and maintenance ------------------------------------------------------------
     def prepare_materialization(self, force: bool = False) -> Materialization | None:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from ... import changelog, frames
 from ...errors import CheckpointMissingError, StoreConfigError
 from ...leases import CommitLease
-from ...manifest import SNAPSHOT_DIR, manifest_path, snapshot_of
+from ...manifest import SNAPSHOT_DIR, snapshot_of
 from ..context import CommitResult, elapsed_ms
 from .config import APPLY_CHUNK_ROWS
 from .restore import ensure_at
@@ -65,7 +65,7 @@ def commit_under(
         # Nothing of base_version is read: the version written is a snapshot of the changes alone.
         base, load_cost = ensure_at(b, 0)
     else:
-        base, load_cost = ensure_at(b, base_version)
+        base, load_cost = ensure_at(b, base_version, b.attempt_for_lookup(base_manifest_id))
         b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
     assert db.db is not None
     db.forget_version()  # from here on the local DB equals no manifest until this commit succeeds
@@ -123,7 +123,7 @@ def commit_under(
         lease.check_before_publish()
         if lease.base_version is not None and base is not None:
             check_base_intact(b, base)
-        b.remote.publish(manifest_path(version), body)  # the commit point
+        b.remote.publish(manifest.path, body)  # the commit point
         published = True
         metrics["manifestMs"] = elapsed_ms(t)
         b._fault_point("commit:manifest-written")
@@ -173,7 +173,7 @@ def commit_result(
         manifest.num_keys,
         bytes_uploaded + manifest_bytes,
         len(uploaded) + 1,
-        manifest_path(manifest.version),
+        manifest.path,
         metrics,
         manifest_id=manifest.manifest_id,
         snapshot=not manifest.is_changelog,
@@ -219,7 +219,7 @@ def commit_compact_snapshot(
     manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
     body = manifest.to_json()
     lease.check_before_publish()
-    b.remote.publish(manifest_path(version), body)  # the commit point
+    b.remote.publish(manifest.path, body)  # the commit point
     metrics["manifestMs"] = elapsed_ms(t)
     b._fault_point("commit:manifest-written")
     if b.local_copies is not None:
@@ -231,11 +231,11 @@ def check_base_intact(b: RocksDBBackend, base: Manifest) -> None:
     """Raises CheckpointMissingError unless every file a restore of `base` reads is still there:
     garbage collection that planned before this attempt pinned its base may have removed them, and
     a version published on a removed base could never be loaded."""
-    current = b.read_manifest(base.version)
+    current = b.read_manifest(base.version, base.checkpoint_id)
     b.check_base(base.version, current.manifest_id, base.manifest_id)
     snapshots = {key: f for f in b.remote.list_files(SNAPSHOT_DIR) if (key := snapshot_of(f.path))}
     # At an infinite `now` every snapshot is settled: the chain back to the nearest one, what a restore reads.
-    needed = b.dependencies(current, snapshots=snapshots, now=math.inf) | {manifest_path(base.version)}
+    needed = b.dependencies(current, snapshots=snapshots, now=math.inf) | {current.path}
     for path in sorted(needed):
         if not b.remote.exists(path):
             raise CheckpointMissingError(

@@ -55,7 +55,7 @@ class LocalDB:
                 f"the restored files do not open as a RocksDB database ({e})",
                 store=self.store_dir,
                 version=version,
-                file=manifest_path(version),
+                file=manifest.path if manifest else manifest_path(version),
             ) from None
         if manifest is not None and manifest.num_keys > 0 and next(iter(db.keys()), None) is None:
             db.close()
@@ -63,7 +63,7 @@ class LocalDB:
                 f"the manifest says the version holds {manifest.num_keys} keys, but its restored database is empty",
                 store=self.store_dir,
                 version=version,
-                file=manifest_path(version),
+                file=manifest.path if manifest else manifest_path(version),
             )
         write_opts = rocksdict.WriteOptions()
         write_opts.disable_wal = True  # commits ingest files; nothing is written through the WAL

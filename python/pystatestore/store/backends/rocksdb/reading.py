@@ -3,6 +3,7 @@ writes, the JVM reads), Spark's replay from a chosen snapshot, and the change fe
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -12,7 +13,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from ...errors import CheckpointDamagedError, StoreConfigError
-from ...manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, manifest_path, snapshot_of, version_of_manifest
+from ...manifest import (
+    MANIFEST_DIR,
+    SNAPSHOT_DIR,
+    Manifest,
+    checkpoint_id_of_manifest,
+    manifest_path,
+    snapshot_of,
+    version_of_manifest,
+)
 from ..context import LoadResult, elapsed_ms
 from .replay import replay_chain, segment_batches
 from .restore import Restore, ensure_at, restore_snapshot
@@ -21,10 +30,10 @@ if TYPE_CHECKING:
     from . import RocksDBBackend
 
 
-def load(b: RocksDBBackend, version: int, view_dir: str | None) -> LoadResult:
+def load(b: RocksDBBackend, version: int, view_dir: str | None, checkpoint_id: str | None = None) -> LoadResult:
     """See RocksDBBackend.load."""
     target = view_target(b, view_dir, version) if view_dir is not None else None
-    _, cost = ensure_at(b, version)
+    _, cost = ensure_at(b, version, checkpoint_id)
     return leave_view(b, target, cost)
 
 
@@ -53,17 +62,32 @@ def leave_view(b: RocksDBBackend, target: Path | None, cost: dict[str, int]) -> 
 
 
 def replay_from_snapshot(
-    b: RocksDBBackend, snapshot_version: int, end_version: int, view_dir: str | None
+    b: RocksDBBackend,
+    snapshot_version: int,
+    end_version: int,
+    view_dir: str | None,
+    *,
+    snapshot_id: str | None = None,
+    end_id: str | None = None,
 ) -> LoadResult:
     """See RocksDBBackend.replay."""
     target = view_target(b, view_dir, end_version) if view_dir is not None else None
     started = time.perf_counter()
-    end = b.read_manifest(end_version)
+    end = b.read_manifest(end_version, end_id)
     chain: list[Manifest] = []
     base: Manifest | None = None
     own_manifest = False
     for m in b.chain_back(end):
         if m.version == snapshot_version:
+            if snapshot_id is not None and m.manifest_id != snapshot_id:
+                raise StoreConfigError(
+                    f"attempt {end.manifest_id} of version {end_version} was committed on attempt {m.manifest_id} "
+                    f"of version {snapshot_version}, not on the attempt {snapshot_id} asked for",
+                    store=b.ctx.store_dir,
+                    version=snapshot_version,
+                    file=m.path,
+                    advice="Take both checkpoint ids from the same commit log (the state data source does).",
+                )
             own_manifest = not m.is_changelog
             base = m if own_manifest else b.read_snapshot(m.version, m.manifest_id)
             break
@@ -92,7 +116,7 @@ def snapshot_versions(b: RocksDBBackend) -> list[int]:
         v = version_of_manifest(f.path)
         if v is not None:
             try:
-                if not b.read_manifest(v).is_changelog:
+                if not b.read_manifest(v, checkpoint_id_of_manifest(f.path)).is_changelog:
                     found.add(v)
             except (CheckpointDamagedError, StoreConfigError, OSError):
                 continue
@@ -103,16 +127,25 @@ def snapshot_versions(b: RocksDBBackend) -> list[int]:
     return sorted(found)
 
 
-def changes(b: RocksDBBackend, start_version: int, end_version: int) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """The change feed: each version's changes (op, key, value), start to end inclusive."""
-    for v in range(start_version, end_version + 1):
-        m = b.read_manifest(v)
+def changes(
+    b: RocksDBBackend, start_version: int, end_version: int, end_id: str | None = None
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The change feed: each version's changes (op, key, value), start to end inclusive. With
+    `end_id` (checkpoint format v2) the versions are those attempt `end_id` of `end_version` was
+    committed on, found back along its chain."""
+    if end_id is None:
+        versions: Iterator[Manifest] = (b.read_manifest(v) for v in range(start_version, end_version + 1))
+    else:
+        end = b.read_manifest(end_version, end_id)
+        versions = reversed(list(itertools.takewhile(lambda m: m.version >= start_version, b.chain_back(end))))
+    for m in versions:
+        v = m.version
         if not m.is_changelog:
             raise StoreConfigError(
                 f"version {v} was committed as a snapshot, which records no changes",
                 store=b.ctx.store_dir,
                 version=v,
-                file=manifest_path(v),
+                file=m.path,
                 advice="The change feed needs changelog commits: read from a batch committed with "
                 "spark.sql.streaming.stateStore.pystatestore.commitMode=changelog (the default).",
             )

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from ... import changelog, frames
 from ...errors import CheckpointDamagedError
-from ...manifest import Manifest, manifest_path
+from ...manifest import Manifest
 from ...transfer import download_all
 from .config import APPLY_CHUNK_ROWS
 
@@ -123,7 +123,7 @@ def apply_segment(b: RocksDBBackend, m: Manifest, described: str, where: str, re
 
 def _changes_where(m: Manifest) -> str:
     """Where a changelog version's changes are stored: their own file, or inside its manifest."""
-    return (m.changes.ref.path if m.changes else "") or manifest_path(m.version)
+    return (m.changes.ref.path if m.changes else "") or m.path
 
 
 def _changes_of(b: RocksDBBackend, m: Manifest, restore: Restore | None = None) -> bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointDamagedError, CheckpointMissingError
-from ...manifest import FileRef, Manifest, manifest_path, snapshot_path
+from ...manifest import FileRef, Manifest, snapshot_path
 from ...remote import local_file_in
 from ...transfer import TransferStats, download_all
 from ..context import elapsed_ms
@@ -61,7 +61,9 @@ class Restore:
         }
 
 
-def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[str, int]]:
+def ensure_at(
+    b: RocksDBBackend, version: int, checkpoint_id: str | None = None
+) -> tuple[Manifest | None, dict[str, int]]:
     """Makes the local DB hold exactly `version`; returns its manifest and what it cost. A snapshot
     that is only in the checkpoint is passed over for an older local copy when every version in
     between has its changes on this host (or inside its manifest): a restart on the same host then
@@ -71,23 +73,24 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
         if db.version != 0:
             db.open_empty()
         return None, {}
-    target = b.read_manifest(version)
+    target = b.read_manifest(version, checkpoint_id)
     if db.holds(target):
         return target, {}
     started = time.perf_counter()
     replay: list[Manifest] = []
     restore = Restore()
-    copies: dict[int, str] = {}  # version -> manifest id of each local copy
+    copies: set[tuple[int, str]] = set()  # (version, manifest id) of each local copy
     if b.local_copies is not None:
-        b.local_copies.drop_superseded(target.version, target.manifest_id)
-        copies = {c.version: c.manifest_id for c in b.local_copies.copies()}
+        if target.checkpoint_id is None:  # under checkpoint ids no attempt supersedes another
+            b.local_copies.drop_superseded(target.version, target.manifest_id)
+        copies = {(c.version, c.manifest_id) for c in b.local_copies.copies()}
     # A snapshot in the checkpoint passed over for an older local copy, and how many of the
     # versions to replay come after it (taken instead if the walk finds no usable copy).
     passed_over: tuple[Manifest, int] | None = None
 
     def local_path_on(m: Manifest) -> bool:
         """Replaying `m` reads nothing from the checkpoint, and an older local copy may end the walk."""
-        return m.is_changelog and changes_on_host(b, m) and any(v < m.version for v in copies)
+        return m.is_changelog and changes_on_host(b, m) and any(v < m.version for v, _ in copies)
 
     chain = b.chain_back(target)
     while True:
@@ -107,7 +110,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
             break  # the local DB is a version this chain passes through: replay the rest
         copy = (
             b.local_copies.verified_copy(m.version, m.manifest_id)
-            if b.local_copies is not None and copies.get(m.version) == m.manifest_id
+            if b.local_copies is not None and (m.version, m.manifest_id) in copies
             else None
         )
         if copy is not None and restore_from_copy(b, m, copy, restore):
@@ -141,7 +144,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
             f"the manifest says the version holds {target.num_keys} keys, but replaying its changes left none",
             store=b.ctx.store_dir,
             version=target.version,
-            file=manifest_path(target.version),
+            file=target.path,
         )
     db.set_version(target.version, target)
     restore.metrics.update(restore.cost(started))
@@ -156,7 +159,7 @@ def ensure_at(b: RocksDBBackend, version: int) -> tuple[Manifest | None, dict[st
             restore.remote.bytes,
             restore.started_from,
             len(replay),
-            sorted(copies) or "none",
+            sorted({v for v, _ in copies}) or "none",
         )
     return target, restore.metrics
 
@@ -166,9 +169,7 @@ def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, *,
     `own_manifest`: the snapshot is its version's manifest, not one maintenance made beside it."""
     restore.started_from = f"snapshot {snapshot.version} ({snapshot.manifest_id})"
     if snapshot.changes is not None:
-        holder = (
-            manifest_path(snapshot.version) if own_manifest else snapshot_path(snapshot.version, snapshot.manifest_id)
-        )
+        holder = snapshot.path if own_manifest else snapshot_path(snapshot.version, snapshot.manifest_id)
         restore_compact_snapshot(b, snapshot, restore, holder)
         return
     db_dir = b.db.fresh_dir(f"db-{snapshot.version}")

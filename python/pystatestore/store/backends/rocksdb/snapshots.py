@@ -131,7 +131,13 @@ def snapshot_of_checkpoint(
         (shared if ref.path.startswith("shared/") else private)[name] = ref
     manifest = b.new_manifest(version, num_keys, attempt_id, shared=shared, private=private)
     if like is not None:
-        manifest = replace(manifest, manifest_id=like.manifest_id, attempt_id=like.attempt_id, kind=KIND_SNAPSHOT)
+        manifest = replace(
+            manifest,
+            manifest_id=like.manifest_id,
+            checkpoint_id=like.checkpoint_id,
+            attempt_id=like.attempt_id,
+            kind=KIND_SNAPSHOT,
+        )
     return manifest, uploaded
 
 
@@ -151,6 +157,7 @@ def compact_snapshot_of(
     snapshot = replace(
         b.new_manifest(m.version, m.num_keys, m.attempt_id),
         manifest_id=m.manifest_id,
+        checkpoint_id=m.checkpoint_id,
         kind=KIND_SNAPSHOT,
         changes=changes,
     )
@@ -198,7 +205,8 @@ def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materiali
     newest = max((v for f in b.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
     if newest != db.version:
         return None
-    m = b.read_manifest(newest)
+    # The attempt the local DB holds: under checkpoint ids the newest version may have several.
+    m = b.read_manifest(newest, b.attempt_for_lookup(db.manifest_id))
     if not m.is_changelog or not db.holds(m):
         return None
     deltas, size = 0, 0

@@ -88,6 +88,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private var usesViews = true
   private var keyCodec: KeyCodec = _
   @volatile private var columnFamiliesValue = false
+  @volatile private var checkpointIdsValue = false
   private val familySpecs = new java.util.concurrent.ConcurrentHashMap[String, FamilySpec]()
   private var bufferCodec: KeyCodec = _
   /** Stores handed out and not yet released: the provider releases them when it closes. */
@@ -114,6 +115,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     usesViews = ProviderConf.usesViews(storeConfs)
     StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey, usesViews)
     columnFamiliesValue = useColumnFamilies
+    checkpointIdsValue = storeConfs.enableStateStoreCheckpointIds
     prefixSpec = if (useColumnFamilies) None // each family has its own key encoder
       else StoreChecks.keyEncoderPrefix(stateStoreId, keySchema, keyStateEncoderSpec)
     if (useColumnFamilies) {
@@ -156,6 +158,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       "viewsDir" -> JString(StateWorker.viewsDir.getAbsolutePath),
       "hostDir" -> JString(StateWorker.hostDir.getAbsolutePath),
       "keyEncoding" -> JString(if (columnFamilies) KeyCodec.Families else keyCodec.name),
+      "checkpointIds" -> JBool(checkpointIds),
       "options" -> JObject(workerOptions))))
   }
 
@@ -172,15 +175,11 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   // the new version's snapshot before returning.
 
   /** The write store for `version` (Spark's getStore, whatever its signature in this minor). */
-  protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore = {
-    StoreChecks.rejectCheckpointIds(stateStoreCkptId, this)
-    new PythonStateStore(this, loadForTask(version), null, forceSnapshot)
-  }
+  protected def openWriteStore(version: Long, stateStoreCkptId: Option[String], forceSnapshot: Boolean): StateStore =
+    new PythonStateStore(this, loadForTask(version, stateStoreCkptId), null, forceSnapshot)
 
-  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
-    StoreChecks.rejectCheckpointIds(uniqueId, this)
-    new PythonReadStateStore(this, loadForTask(version))
-  }
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
+    new PythonReadStateStore(this, loadForTask(version, uniqueId))
 
   /** Reuses the read store's loaded version: no second load, and no lock to wait on. */
   protected def upgradeToWriteStore(
@@ -188,8 +187,8 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       version: Long,
       uniqueId: Option[String],
       forceSnapshot: Boolean): StateStore = readStore match {
-    case r: PythonReadStateStoreCore if r.version == version && r.id == stateStoreId =>
-      StoreChecks.rejectCheckpointIds(uniqueId, this)
+    case r: PythonReadStateStoreCore
+        if r.version == version && r.id == stateStoreId && isAttempt(r.base.state, uniqueId) =>
       r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base, r.handOverReadMarks(), forceSnapshot)
     case _ => openWriteStore(version, uniqueId, forceSnapshot)
@@ -217,11 +216,11 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String],
       endVersionStateStoreCkptId: Option[String]): StateStore = {
-    StoreChecks.rejectCheckpointIds(snapshotVersionStateStoreCkptId, this)
-    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     try {
       StoreChecks.replayRange(snapshotVersion, endVersion, this)
-      new PythonStateStore(this, replayFromWorker(snapshotVersion, endVersion), null, forceSnapshot = false)
+      new PythonStateStore(this,
+        replayFromWorker(snapshotVersion, snapshotVersionStateStoreCkptId, endVersion, endVersionStateStoreCkptId),
+        null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
     }
@@ -236,14 +235,13 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       endVersion: Long,
       colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String]): (Iterator[(Boolean, UnsafeRow, UnsafeRow, Long)], () => Unit) = {
-    StoreChecks.rejectCheckpointIds(endVersionStateStoreCkptId, this)
     if (!columnFamilies) colFamilyNameOpt.foreach(StoreChecks.defaultFamily(_, this))
     // A store with column families: the rows of one family, found by its id in the end version's registry.
     val family: Option[(FamilySpec, FamilyKeys)] = if (!columnFamilies) None else {
       val name = colFamilyNameOpt.getOrElse(StateStore.DEFAULT_COL_FAMILY_NAME)
       val spec = familySpec(name).getOrElse(
         throw SparkInternals.missingColumnFamily("readChangeFeed", s"$name (store $describeStore)"))
-      val end = loadForTask(endVersion).state
+      val end = loadForTask(endVersion, endVersionStateStoreCkptId).state
       val id = try FamilyRegistry.read(end)._1.get(name).map(_._1) finally end.release()
       // A family the end version does not have gets an id never given (ids stop below 0xffff, and a
       // removed family's id is never given again): it has no rows.
@@ -253,7 +251,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
     try {
       callWorker(worker, s"change feed of $describeStore, versions $startVersion to $endVersion") { (svc, h) =>
-        svc.changes(h, startVersion, endVersion, file.getAbsolutePath)
+        svc.changes(h, startVersion, endVersion, endVersionStateStoreCkptId.getOrElse(""), file.getAbsolutePath)
       }
       val reader = new ArrowFrames.ChangeFeedReader(file)
       val rows = family match {
@@ -365,6 +363,13 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
 
   private[pystatestore] def columnFamilies: Boolean = columnFamiliesValue
 
+  /** Spark's checkpoint format v2: commits report their ids, and loads name the attempt they want. */
+  private[pystatestore] def checkpointIds: Boolean = checkpointIdsValue
+
+  /** `state` is the attempt `uniqueId` names (any attempt when Spark names none). */
+  private def isAttempt(state: CommittedVersion, uniqueId: Option[String]): Boolean =
+    state.version == 0 || uniqueId.forall(_ == state.manifestId)
+
   /**
    * Families Spark declared to any store of this provider: the state reader declares a family on a
    * write store it then aborts and reads through a read store, so specs outlive stores. Ids are
@@ -390,18 +395,19 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    * Loads `version` for a task, holding one reference to it for the caller; any failure becomes
    * Spark's CANNOT_LOAD_STATE_STORE.
    */
-  private def loadForTask(version: Long): LoadedVersion = {
+  private def loadForTask(version: Long, uniqueId: Option[String]): LoadedVersion = {
     try {
       if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
-      loadVersion(version)
+      loadVersion(version, uniqueId)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
     }
   }
 
-  private def loadVersion(version: Long): LoadedVersion = {
+  private def loadVersion(version: Long, uniqueId: Option[String]): LoadedVersion = {
     val cached = synchronized {
-      val c = cachedVersions.get(version)
+      // Under checkpoint format v2 a cached version serves only the attempt Spark names.
+      val c = cachedVersions.get(version).filter(isAttempt(_, uniqueId))
       c.foreach(_.retain())
       c
     }
@@ -409,18 +415,19 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       case Some(state) => LoadedVersion(state, LoadMetrics.fromCache)
       case None if version == 0 =>
         LoadedVersion(VersionState.empty(0, prefixSpec.isDefined && !usesViews), LoadMetrics.fromCache)
-      case None => loadFromWorker(version)
+      case None => loadFromWorker(version, uniqueId)
     }
   }
 
-  private def loadFromWorker(version: Long): LoadedVersion = {
+  private def loadFromWorker(version: Long, uniqueId: Option[String]): LoadedVersion = {
     val started = System.nanoTime()
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val file = new File(worker.exchangeDir, s"load-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$version-${UUID.randomUUID()}")
     try {
       val reply = callWorker(worker, s"load of $describeStore version $version") { (svc, h) =>
-        svc.load(h, version, file.getAbsolutePath, if (usesViews) viewDir.getAbsolutePath else "")
+        svc.load(h, version, uniqueId.getOrElse(""), file.getAbsolutePath,
+          if (usesViews) viewDir.getAbsolutePath else "")
       }
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = if (usesViews) {
@@ -452,14 +459,19 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       bytesRead = longField(reply, "bytes"),
       fromReply = replyMetrics(reply)))
 
-  private def replayFromWorker(snapshotVersion: Long, endVersion: Long): LoadedVersion = {
+  private def replayFromWorker(
+      snapshotVersion: Long,
+      snapshotId: Option[String],
+      endVersion: Long,
+      endId: Option[String]): LoadedVersion = {
     if (!usesViews) throw StoreChecks.noReplayOnMemoryBackend(this)
     val started = System.nanoTime()
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
     val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
     try {
       val reply = callWorker(worker, s"replay of $describeStore version $endVersion from snapshot $snapshotVersion") {
-        (svc, h) => svc.replay(h, snapshotVersion, endVersion, viewDir.getAbsolutePath)
+        (svc, h) => svc.replay(h, snapshotVersion, snapshotId.getOrElse(""), endVersion, endId.getOrElse(""),
+          viewDir.getAbsolutePath)
       }
       loaded(new RocksView(viewDir, endVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
         keyCodec, numValueFields, describeStore), reply, started)

@@ -25,9 +25,10 @@ trait PythonStateService {
    * Makes `version` readable by the JVM. Backends read through views (rocksdb) leave a read-only
    * RocksDB checkpoint of it at `viewDir` (a new directory the JVM owns from then on); the memory
    * backend writes its key/value pairs to `outPath` as an Arrow IPC stream with schema
-   * (key: binary, value: binary). Returns `{"manifestId", "numKeys", "bytes", "source", "loadMs"}`.
+   * (key: binary, value: binary). `checkpointId` names the attempt to load (Spark's checkpoint
+   * format v2; "" otherwise). Returns `{"manifestId", "numKeys", "bytes", "source", "loadMs"}`.
    */
-  def load(handle: String, version: Long, outPath: String, viewDir: String): String
+  def load(handle: String, version: Long, checkpointId: String, outPath: String, viewDir: String): String
 
   /**
    * Applies the changes in `changesPath` (Arrow IPC stream: op int8, key binary, value binary) to
@@ -52,15 +53,19 @@ trait PythonStateService {
   /**
    * Writes the changes of versions `startVersion` to `endVersion` (inclusive) to `outPath` as an
    * Arrow IPC stream (version int64, op int8, key binary, value binary; value null for deletes),
-   * version by version. Returns `{"rows"}`. Spark's change feed (readChangeFeed).
+   * version by version. Returns `{"rows"}`. Spark's change feed (readChangeFeed). `endId` names
+   * the attempt of `endVersion` (checkpoint format v2; "" otherwise): the versions before it are
+   * the ones it was committed on.
    */
-  def changes(handle: String, startVersion: Long, endVersion: Long, outPath: String): String
+  def changes(handle: String, startVersion: Long, endVersion: Long, endId: String, outPath: String): String
 
   /**
    * Leaves a read view of `endVersion` at `viewDir`, rebuilt from the snapshot of
    * `snapshotVersion` and the changes after it (Spark's snapshotStartBatchId). Replies like `load`.
+   * The ids name the attempts (checkpoint format v2; "" otherwise).
    */
-  def replay(handle: String, snapshotVersion: Long, endVersion: Long, viewDir: String): String
+  def replay(handle: String, snapshotVersion: Long, snapshotId: String, endVersion: Long, endId: String,
+      viewDir: String): String
 
   /** Forgets the store's in-memory state (its files stay). */
   def closeStore(handle: String): String

@@ -186,7 +186,7 @@ final class WorkerRegistration(token: String) {
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/worker/service.py; checked on every worker start. */
-  val ProtocolVersion = 7
+  val ProtocolVersion = 8
 
   /**
    * The worker's allocators, set where the user has not: memory a commit frees goes back to the

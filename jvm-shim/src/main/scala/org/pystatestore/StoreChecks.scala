@@ -50,12 +50,6 @@ private[pystatestore] object StoreChecks {
       s"$ProviderName does not support ${other.getClass.getSimpleName} yet (store $stateStoreId)")
   }
 
-  def rejectCheckpointIds(id: Option[String], provider: PythonStateStoreProviderCore): Unit = if (id.isDefined) {
-    throw SparkInternals.checkpointIdsNotSupported(
-      s"$ProviderName does not support checkpointFormatVersion 2 yet (store ${provider.describeStore}); " +
-        "set spark.sql.streaming.stateStore.checkpointFormatVersion=1")
-  }
-
   def replayRange(snapshotVersion: Long, endVersion: Long, provider: PythonStateStoreProviderCore): Unit = {
     if (snapshotVersion < 1 || endVersion < snapshotVersion) {
       throw new IllegalArgumentException(s"$ProviderName cannot replay version $endVersion of " +

@@ -220,8 +220,17 @@ abstract class PythonStateStoreCore(
     StateStoreMetrics(keys, memoryWithWorker, ProviderMetrics.metricsMap(combined), provider.instanceMetrics)
   }
 
-  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
-    StateStoreCheckpointInfo(id.partitionId, version + 1, None, None)
+  /**
+   * Spark's checkpoint format v2: the id of the version this store committed (its manifest id) and
+   * of the version it was committed on (None on version 0), which Spark writes to its commit log
+   * and hands back when it loads the version. Format v1 records no ids.
+   */
+  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo = {
+    val state = committed
+    if (!provider.checkpointIds || state == null) StateStoreCheckpointInfo(id.partitionId, version + 1, None, None)
+    else StateStoreCheckpointInfo(id.partitionId, state.version, Some(state.manifestId),
+      Option(base.manifestId).filter(id => base.version > 0 && id.nonEmpty))
+  }
 
   private def requireUpdating(op: String): Unit = if (phase != Updating) {
     throw new IllegalStateException(

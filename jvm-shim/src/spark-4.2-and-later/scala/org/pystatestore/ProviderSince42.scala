@@ -13,10 +13,9 @@ trait ProviderSince42 extends PythonStateStoreProviderCore {
       stateStoreCkptId: Option[String],
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
-    if (loadEmpty) {
-      StoreChecks.rejectCheckpointIds(stateStoreCkptId, this)
-      openEmptyWriteStore(version, forceSnapshotOnCommit)
-    } else openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
+    // An empty store loads nothing of `version`, so no attempt of it is named.
+    if (loadEmpty) openEmptyWriteStore(version, forceSnapshotOnCommit)
+    else openWriteStore(version, stateStoreCkptId, forceSnapshotOnCommit)
   }
 
   override def upgradeReadStoreToWriteStore(

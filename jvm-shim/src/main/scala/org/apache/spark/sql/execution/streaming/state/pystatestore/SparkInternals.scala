@@ -28,9 +28,6 @@ object SparkInternals {
   def failedToCommitStateFileError(store: String, e: Throwable): Throwable =
     QueryExecutionErrors.failedToCommitStateFileError(store, e)
 
-  def checkpointIdsNotSupported(msg: String): Throwable =
-    StateStoreErrors.stateStoreCheckpointIdsNotSupported(msg)
-
   def multipleColumnFamiliesNotSupported(provider: String): Throwable =
     StateStoreErrors.multipleColumnFamiliesNotSupported(provider)
 
