@@ -56,6 +56,7 @@ def make_backend(
     mode: str | None = None,
     min_deltas: int = 10,
     store_uri: str | None = None,
+    checkpoint_ids: bool = False,
 ) -> StateBackend:
     """A backend as a worker would open it. Local recovery copies go under `local_dir` unless the
     options say otherwise, so tests never share them by accident. `mode`: the rocksdb backend's
@@ -78,6 +79,7 @@ def make_backend(
         views_dir=str(Path(local_dir) / "views"),
         host_dir=str(local_dir),
         min_deltas_for_snapshot=min_deltas,
+        checkpoint_ids=checkpoint_ids,
     )
     Path(ctx.views_dir).mkdir(parents=True, exist_ok=True)
     return BACKENDS[name](ctx, RemoteStore(ctx.store_dir))
@@ -115,13 +117,14 @@ def read_view(view_dir: str | Path) -> dict[bytes, bytes]:
         db.close()
 
 
-def state_of(backend: StateBackend, version: int) -> dict[bytes, bytes]:
-    """The pairs of `version` as the JVM would see them: a frame, or a read view it opens."""
+def state_of(backend: StateBackend, version: int, checkpoint_id: str | None = None) -> dict[bytes, bytes]:
+    """The pairs of `version` (its attempt `checkpoint_id`, when given) as the JVM would see them: a
+    frame, or a read view it opens."""
     if backend.read_path == "frame":
-        return frames.buffer_to_state(backend.load(version).frame)
+        return frames.buffer_to_state(backend.load(version, None, checkpoint_id).frame)
     view = Path(backend.ctx.views_dir) / f"test-{uuid.uuid4().hex}"
     try:
-        result = backend.load(version, str(view))
+        result = backend.load(version, str(view), checkpoint_id)
         pairs = read_view(view)
         assert result.num_keys == len(pairs), (
             f"version {version}: manifest counts {result.num_keys}, view has {len(pairs)}"
@@ -131,7 +134,7 @@ def state_of(backend: StateBackend, version: int) -> dict[bytes, bytes]:
         shutil.rmtree(view, ignore_errors=True)
 
 
-def count_after(backend: StateBackend, base_version: int, table: pa.Table) -> int:
+def count_after(backend: StateBackend, base_version: int, table: pa.Table, base_manifest_id: str | None = None) -> int:
     """The key count of `base_version` with `table` applied, read through a separate instance (as
     the JVM knows it from its reads), so `backend`'s own local state is left alone."""
     if base_version == 0:
@@ -147,7 +150,7 @@ def count_after(backend: StateBackend, base_version: int, table: pa.Table) -> in
         Path(ctx.views_dir).mkdir()
         reader = type(backend)(ctx, RemoteStore(ctx.store_dir))
         try:
-            state = state_of(reader, base_version)
+            state = state_of(reader, base_version, backend.attempt_for_lookup(base_manifest_id))
         finally:
             reader.close()
             shutil.rmtree(local, ignore_errors=True)
@@ -167,7 +170,7 @@ def commit(
     """Commits as the JVM does: with the new version's key count and a view directory, which is
     removed again (tests read versions through `state_of`)."""
     if num_keys is None:
-        num_keys = count_after(backend, base_version, table)
+        num_keys = count_after(backend, base_version, table, base_manifest_id)
     view = Path(backend.ctx.views_dir) / f"commit-{uuid.uuid4().hex}"
     try:
         return backend.commit(base_version, table, attempt_id, base_manifest_id, num_keys=num_keys, view_dir=str(view))

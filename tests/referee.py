@@ -32,6 +32,8 @@ from typing import Any
 
 DATA_DIRS = ("shared", "private", "changelog", "snapshots")
 _VERSION_FILE = re.compile(r"^(\d+)\.json$")
+# Spark's checkpoint format v2: one manifest per attempt, named by its checkpoint id (= manifest id).
+_ATTEMPT_FILE = re.compile(r"^(\d+)-([0-9a-f]{32})\.json$")
 _REPLACED_FILE = re.compile(r"^\.replaced-(\d+)\.json-")
 _SNAPSHOT_FILE = re.compile(r"^(\d+)-([0-9a-f]{32})\.json$")
 
@@ -88,11 +90,11 @@ def judge_store(
     in_flight = grace_seconds if in_flight_seconds is None else in_flight_seconds
     verdict = StoreVerdict(store)
     manifests = _manifests(store, verdict)
-    verdict.versions = sorted(manifests)
+    verdict.versions = sorted({v for v, _ in manifests})
     snapshots = _snapshots(store, manifests, verdict)
 
     # Every file a present manifest or snapshot names must be there, whole.
-    for _v, (rel, doc) in sorted(manifests.items()):
+    for _key, (rel, doc) in sorted(manifests.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         verdict.needed.add(rel)
         _check_refs(store, rel, doc, verdict)
     for _key, (rel, doc) in sorted(snapshots.items()):
@@ -111,15 +113,19 @@ def judge_store(
     broken = set(unrestorable)
 
     young = {key for key, (rel, _doc) in snapshots.items() if not _old(store / rel, now, grace_seconds)}
-    chains: set[int] = set()
+    chains: set[str] = set()  # manifests some retained version's restore reads
     for v in verdict.retained:
+        attempts = [key for key in manifests if key[0] == v]
         if v in broken:
-            chains.add(v)
+            chains |= {manifests[key][0] for key in attempts}
             continue
-        chains |= _walk_chain(v, manifests, snapshots, verdict, young)
+        if not attempts:
+            verdict.lost.append(f"manifests/{v}.json (missing; version {v} must be restorable)")
+        for key in attempts:  # under checkpoint ids Spark's commit log may name any attempt
+            chains |= _walk_chain(key, manifests, snapshots, verdict, young)
     if min_batches_to_retain is not None:
-        for v, (rel, _doc) in sorted(manifests.items()):
-            if v not in chains and _old(store / rel, now, in_flight):
+        for (v, _cid), (rel, _doc) in sorted(manifests.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            if rel not in chains and _old(store / rel, now, in_flight):
                 verdict.orphans.append(f"{rel} (version {v}: no retained version needs it)")
 
     for rel in listing(store):
@@ -134,7 +140,9 @@ def judge_store(
         elif top == "manifests" and name.startswith(".tmp-"):
             verdict.orphans.append(f"{rel} (a stale temporary)")
         elif (
-            top == "manifests" and (m := _REPLACED_FILE.match(name)) and manifests.get(int(m.group(1)), ("",))[0] != rel
+            top == "manifests"
+            and (m := _REPLACED_FILE.match(name))
+            and manifests.get((int(m.group(1)), None), ("",))[0] != rel
         ):
             verdict.orphans.append(f"{rel} (set aside, and its version has a manifest)")
     return verdict
@@ -169,34 +177,43 @@ def _read_json(store: Path, rel: str, verdict: StoreVerdict) -> dict[str, Any] |
     return doc
 
 
-def _manifests(store: Path, verdict: StoreVerdict) -> dict[int, tuple[str, dict[str, Any]]]:
-    """version -> (path, parsed manifest). A version without a final manifest is served by the
-    newest manifest set aside for it (a crash between the two renames of an overwrite)."""
-    found: dict[int, tuple[str, dict[str, Any]]] = {}
+def _manifests(store: Path, verdict: StoreVerdict) -> dict[tuple[int, str | None], tuple[str, dict[str, Any]]]:
+    """(version, checkpoint id or None) -> (path, parsed manifest). A version without a final
+    manifest is served by the newest manifest set aside for it (a crash between the two renames of
+    an overwrite). Under checkpoint format v2 each attempt has its own `<version>-<id>.json`."""
+    found: dict[tuple[int, str | None], tuple[str, dict[str, Any]]] = {}
     aside: dict[int, list[Path]] = {}
     directory = store / "manifests"
     for p in sorted(directory.iterdir()) if directory.is_dir() else []:
         if m := _VERSION_FILE.match(p.name):
             doc = _read_json(store, f"manifests/{p.name}", verdict)
             if doc is not None:
-                found[int(m.group(1))] = (f"manifests/{p.name}", doc)
+                found[(int(m.group(1)), None)] = (f"manifests/{p.name}", doc)
+        elif m := _ATTEMPT_FILE.match(p.name):
+            doc = _read_json(store, f"manifests/{p.name}", verdict)
+            if doc is None:
+                continue
+            if doc.get("manifest_id") != m.group(2) or doc.get("checkpoint_id") != m.group(2):
+                verdict.lost.append(f"manifests/{p.name} (describes attempt {doc.get('manifest_id')!r})")
+                continue
+            found[(int(m.group(1)), m.group(2))] = (f"manifests/{p.name}", doc)
         elif m := _REPLACED_FILE.match(p.name):
             aside.setdefault(int(m.group(1)), []).append(p)
     for v, paths in aside.items():
-        if v not in found:
+        if (v, None) not in found:
             newest = max(paths, key=lambda p: p.stat().st_mtime)
             doc = _read_json(store, f"manifests/{newest.name}", verdict)
             if doc is not None:
-                found[v] = (f"manifests/{newest.name}", doc)
-    for v, (rel, doc) in list(found.items()):
-        if doc.get("version") != v:
-            verdict.lost.append(f"{rel} (describes version {doc.get('version')!r}, not {v})")
-            del found[v]
+                found[(v, None)] = (f"manifests/{newest.name}", doc)
+    for key, (rel, doc) in list(found.items()):
+        if doc.get("version") != key[0]:
+            verdict.lost.append(f"{rel} (describes version {doc.get('version')!r}, not {key[0]})")
+            del found[key]
     return found
 
 
 def _snapshots(
-    store: Path, manifests: dict[int, tuple[str, dict[str, Any]]], verdict: StoreVerdict
+    store: Path, manifests: dict[tuple[int, str | None], tuple[str, dict[str, Any]]], verdict: StoreVerdict
 ) -> dict[tuple[int, str], tuple[str, dict[str, Any]]]:
     """(version, manifest id) -> (path, parsed snapshot) for the snapshots of attempts the
     checkpoint holds; a snapshot of another attempt is nobody's (an orphan once old)."""
@@ -207,7 +224,7 @@ def _snapshots(
         if m is None:
             continue
         v, mid = int(m.group(1)), m.group(2)
-        held = manifests.get(v)
+        held = manifests.get((v, None)) or manifests.get((v, mid))
         if held is None or held[1].get("manifest_id") != mid:
             continue
         doc = _read_json(store, f"snapshots/{p.name}", verdict)
@@ -277,31 +294,31 @@ def _check_refs(store: Path, rel: str, doc: dict[str, Any], verdict: StoreVerdic
 
 
 def _walk_chain(
-    version: int,
-    manifests: dict[int, tuple[str, dict[str, Any]]],
+    start: tuple[int, str | None],
+    manifests: dict[tuple[int, str | None], tuple[str, dict[str, Any]]],
     snapshots: dict[tuple[int, str], tuple[str, dict[str, Any]]],
     verdict: StoreVerdict,
     young: set[tuple[int, str]],
-) -> set[int]:
-    """The versions restoring `version` reads the manifest of: from it back to a snapshot (its own
-    manifest, or one maintenance made of it) or to version 1. Records a break as lost. Past a
-    snapshot maintenance made less than the grace ago (`young`), the chain back to the snapshot
-    before it is kept too (restores that began before it appeared still walk it); a break there is
-    no loss, as restores can start from the young snapshot."""
-    walked: set[int] = set()
-    v = version
-    if v not in manifests:
-        verdict.lost.append(f"manifests/{v}.json (missing; version {v} must be restorable)")
-        return walked
+) -> set[str]:
+    """The manifests restoring attempt `start` (version, checkpoint id) reads: from it back to a
+    snapshot (its own manifest, or one maintenance made of it) or to version 1. Records a break as
+    lost. Past a snapshot maintenance made less than the grace ago (`young`), the chain back to the
+    snapshot before it is kept too (restores that began before it appeared still walk it); a break
+    there is no loss, as restores can start from the young snapshot. An attempt named by its id
+    names its parent by id too (`parent_manifest_id`)."""
+    walked: set[str] = set()
+    key = start
+    version = start[0]
     past_snapshot = False
     while True:
-        walked.add(v)
-        rel, doc = manifests[v]
+        v = key[0]
+        rel, doc = manifests[key]
+        walked.add(rel)
         if doc.get("kind", "snapshot") != "changelog":
             return walked
-        key = (v, doc.get("manifest_id"))
-        if key in snapshots:
-            if past_snapshot or key not in young:
+        snap = (v, doc.get("manifest_id"))
+        if snap in snapshots:
+            if past_snapshot or snap not in young:
                 return walked
             past_snapshot = True
         base, parent_id = doc.get("base_version"), doc.get("parent_manifest_id")
@@ -310,23 +327,25 @@ def _walk_chain(
             return walked
         if base == 0:
             return walked
-        parent = manifests.get(base)
+        parent_key = (base, parent_id if key[1] is not None else None)
+        parent = manifests.get(parent_key)
         if parent is None or parent[1].get("manifest_id") != parent_id:
             if past_snapshot:
                 return walked
             if parent is None:
-                verdict.lost.append(f"manifests/{base}.json (missing; the chain of version {version} needs it)")
+                name = f"{base}-{parent_id}.json" if key[1] is not None else f"{base}.json"
+                verdict.lost.append(f"manifests/{name} (missing; the chain of version {version} needs it)")
             else:
                 verdict.lost.append(
                     f"{parent[0]} (attempt {parent[1].get('manifest_id')}, but version {v} was committed on "
                     f"attempt {parent_id}; the chain of version {version} breaks)"
                 )
             return walked
-        v = base
+        key = parent_key
 
 
-def _last_written(store: Path, manifests: dict[int, tuple[str, dict[str, Any]]]) -> int | None:
+def _last_written(store: Path, manifests: dict[tuple[int, str | None], tuple[str, dict[str, Any]]]) -> int | None:
     """The version whose manifest was written last (newest mtime, then higher version): retention
     keeps it whatever its number, as the next commit builds on it."""
-    written = [((store / rel).stat().st_mtime, v) for v, (rel, _doc) in manifests.items() if (store / rel).exists()]
+    written = [((store / rel).stat().st_mtime, v) for (v, _), (rel, _) in manifests.items() if (store / rel).exists()]
     return max(written)[1] if written else None

@@ -386,9 +386,53 @@ object ContractSuite {
     check(messages(mv).contains("multiple values"), s"merge error: ${messages(mv)}")
     val cf = expectThrows[Throwable]("get on another family")(s.get(key("a"), "other"))
     check(messages(cf).toLowerCase.contains("column famil"), s"cf error: ${messages(cf)}")
-    val ck = expectThrows[Throwable]("checkpoint id")(p.getStore(0, Some("abc")))
-    check(messages(ck).contains("checkpointFormatVersion"), s"ckpt id error: ${messages(ck)}")
     s.abort(); p.close()
+  }
+
+  // ---- checkpoint format v2: every attempt of a version is loadable by its id ----
+  scenario("checkpoint_ids_name_every_attempt_across_restarts") {
+    val dir = newDir()
+    val v2 = sqlConf("spark.sql.streaming.stateStore.checkpointFormatVersion" -> "2")
+    def commitOn(p: StateStoreProvider, base: Long, id: Option[String], puts: Map[String, Int]): StateStoreCheckpointInfo = {
+      val s = p.getStore(base, id)
+      puts.foreach { case (k, v) => s.put(key(k), value(v)) }
+      try { s.commit(); s.getStateStoreCheckpointInfo() } finally s.release()
+    }
+    def read(p: StateStoreProvider, version: Long, id: String): Map[(String, Int), Int] = {
+      val r = p.getReadStore(version, Some(id))
+      try contents(r) finally r.release()
+    }
+    val p = provider(dir, conf = v2)
+    val first = commitOn(p, 0, None, Map("a" -> 1))
+    check(first.batchVersion == 1 && first.partitionId == 0 && first.baseStateStoreCkptId.isEmpty &&
+      first.stateStoreCkptId.exists(_.matches("[0-9a-f]{32}")), s"version 1 info $first")
+    val id1 = first.stateStoreCkptId.get
+    // Two attempts at version 2 (a retried or speculative task): both stay, each under its id.
+    val b = commitOn(p, 1, Some(id1), Map("b" -> 2))
+    val c = commitOn(p, 1, Some(id1), Map("c" -> 3))
+    check(b.baseStateStoreCkptId.contains(id1) && c.baseStateStoreCkptId.contains(id1), s"bases $b $c")
+    val (idB, idC) = (b.stateStoreCkptId.get, c.stateStoreCkptId.get)
+    check(idB != idC, s"two attempts got one id $idB")
+    // Version 3 on the attempt that did not commit last: what Spark does when its commit log names it.
+    val d = commitOn(p, 2, Some(idB), Map("d" -> 4))
+    check(d.batchVersion == 3 && d.baseStateStoreCkptId.contains(idB), s"version 3 info $d")
+    p.close()
+    val again = provider(dir, conf = v2) // a restart: nothing cached
+    check(read(again, 2, idB) == Map(("a", 0) -> 1, ("b", 0) -> 2), s"attempt B ${read(again, 2, idB)}")
+    check(read(again, 2, idC) == Map(("a", 0) -> 1, ("c", 0) -> 3), s"attempt C ${read(again, 2, idC)}")
+    check(read(again, 3, d.stateStoreCkptId.get) == Map(("a", 0) -> 1, ("b", 0) -> 2, ("d", 0) -> 4),
+      s"version 3 ${read(again, 3, d.stateStoreCkptId.get)}")
+    // After reading C, a write store on B must not reuse C (cached at the same version).
+    val onB = again.getStore(2, Some(idB))
+    check(contents(onB) == Map(("a", 0) -> 1, ("b", 0) -> 2), s"write store on B ${contents(onB)}")
+    onB.abort(); onB.release()
+    val unknown = "0123456789abcdef0123456789abcdef"
+    val missing = expectThrows[Throwable]("an id never committed")(again.getReadStore(2, Some(unknown)))
+    check(messages(missing).contains(s"manifests/2-$unknown.json"),
+      s"missing id error: ${messages(missing)}")
+    val forged = expectThrows[Throwable]("an id that is a path")(again.getReadStore(2, Some("../../x")))
+    check(messages(forged).contains("not one pystatestore writes"), s"forged id error: ${messages(forged)}")
+    again.close()
   }
 
   // ---- column families (transformWithState's layout; rocksdb backend) ----
