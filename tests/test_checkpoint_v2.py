@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 import referee
 from spark_support import OUR_PROVIDER, ROCKSDB_PROVIDER, run_with_restart, start_session
+from test_cli import our_rows, spark_rows
 from test_e2e import aggregation, dedup, pandas_sessions, session_windows
 from test_state_rewrite import join
 
@@ -194,3 +195,12 @@ def test_a_restart_loads_the_attempt_the_commit_log_names(spark: SparkSession, t
     )
     assert stragglers and all(p.exists() for p in stragglers)
     assert actual == expected
+    # Spark's state reader and `pystatestore read` read the attempts the commit log names too: the
+    # straggler's batch and the last one, as the RocksDB provider's checkpoint holds them.
+    reference = tmp_path / "reference" / "ckpt-RocksDBStateStoreProvider"
+    straggled = int(stragglers[0].name.split("-")[0]) - 1
+    for batch in (straggled, max(commit_log_ids(checkpoint))):
+        theirs = spark_rows(spark, reference, batchId=batch)
+        assert theirs
+        assert spark_rows(spark, checkpoint, batchId=batch) == theirs
+        assert our_rows(checkpoint, batch=batch) == theirs

@@ -3,7 +3,8 @@
 Spark's layout: `metadata` (the query id), `offsets/<batch>` (each planned batch, with the SQL
 confs the query runs with), `commits/<batch>` (each finished batch) and `state/<operator>/
 <partition>[/<store name>]/`, one directory per state store. pystatestore's stores hold
-`manifests/<version>.json`; the state of batch b is version b + 1. This module finds the batches,
+`manifests/<version>.json` (checkpoint format v2: `manifests/<version>-<id>.json`, one per attempt,
+the commit log naming each batch's); the state of batch b is version b + 1. This module finds the batches,
 operators, partitions and stores, and opens a store's backend read-only: the tools read manifests
 and restore versions into scratch space of their own, and write nothing into the checkpoint.
 """
@@ -46,6 +47,8 @@ class StoreLocation:
     store_name: str
     uri: str  # the store directory, as Spark names it (file:/..., s3a://...)
     foreign: str | None = None  # another provider's files found here instead of manifests
+    # Checkpoint format v2: (version, checkpoint id) of each committed batch's attempt, from the commit log.
+    attempts: tuple[tuple[int, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -158,6 +161,7 @@ def open_checkpoint(uri: str) -> SparkCheckpoint:
         except (json.JSONDecodeError, IndexError, AttributeError):
             conf = {}
     ckpt = SparkCheckpoint(uri=uri, query_id=query_id, planned_batches=planned, committed_batches=committed, conf=conf)
+    attempts = _commit_log_attempts(fs, root, committed)
     state = posixpath.join(root, "state")
     for op in _child_names(fs, state, pafs.FileType.Directory):
         if not _NUMBER.match(op):
@@ -176,9 +180,42 @@ def open_checkpoint(uri: str) -> SparkCheckpoint:
             for name, store_uri in found:
                 remote = RemoteStore(store_uri)
                 foreign = None if remote.exists(MANIFEST_DIR) else describe_foreign_layout(remote)
-                ckpt.stores.append(StoreLocation(int(op), int(part), name, store_uri, foreign))
+                named = tuple(attempts.get((int(op), int(part), name), ()))
+                ckpt.stores.append(StoreLocation(int(op), int(part), name, store_uri, foreign, named))
     ckpt.stores.sort(key=lambda s: (s.operator_id, s.partition_id, s.store_name))
     return ckpt
+
+
+# The order of a stream-stream join's stores in Spark's commit log (SymmetricHashJoinStateManager).
+JOIN_STORE_NAMES = (
+    "left-keyToNumValues",
+    "left-keyWithIndexToValue",
+    "right-keyToNumValues",
+    "right-keyWithIndexToValue",
+)
+
+
+def _commit_log_attempts(
+    fs: pafs.FileSystem, root: str, committed: list[int]
+) -> dict[tuple[int, int, str], list[tuple[int, str]]]:
+    """(operator, partition, store name) -> [(version, checkpoint id)] from the commit log of a query
+    run with checkpoint format v2 (`stateUniqueIds`); empty for format v1."""
+    found: dict[tuple[int, int, str], list[tuple[int, str]]] = {}
+    for batch in committed:
+        text = _read_text(fs, posixpath.join(root, "commits", str(batch))) or ""
+        lines = text.splitlines()
+        try:
+            ids = json.loads(lines[1]).get("stateUniqueIds") if len(lines) > 1 else None
+        except (json.JSONDecodeError, AttributeError):
+            ids = None
+        if not isinstance(ids, dict):
+            continue
+        for op, partitions in ids.items():
+            for partition, names in enumerate(partitions or []):
+                stores = JOIN_STORE_NAMES if len(names) == len(JOIN_STORE_NAMES) else (DEFAULT_STORE_NAME,)
+                for name, cid in zip(stores, names, strict=False):
+                    found.setdefault((int(op), partition, name), []).append((batch + 1, str(cid)))
+    return found
 
 
 def _is_store(fs: pafs.FileSystem, path: str) -> bool:
@@ -197,7 +234,11 @@ def manifest_versions(remote: RemoteStore) -> list[int]:
 
 
 def read_manifest_file(remote: RemoteStore, version: int) -> Manifest:
-    rel = f"{MANIFEST_DIR}/{version}.json"
+    """A manifest of `version`: its only one, or (checkpoint format v2) one of its attempts'."""
+    rel = manifest_path(version)
+    if not remote.exists(rel):
+        attempts = [f.path for f in remote.list_files(MANIFEST_DIR) if version_of_manifest(f.path) == version]
+        rel = min((p for p in attempts if "/." not in p), default=rel)
     data = remote.read_bytes(rel, version=version).to_pybytes()
     return Manifest.from_json(data, store=remote.uri, version=version, file=rel)
 
@@ -247,6 +288,8 @@ class StoreReader:
         if not versions:
             raise CheckpointMissingError("the store has no manifests: nothing was committed", store=location.uri)
         self.versions = versions
+        self.attempts = dict(location.attempts)
+        self._manifests: dict[int, Manifest] = {}
         first = self._identity_manifest(versions)
         if first.backend not in BACKENDS:
             raise StoreConfigError(f"the store was written by an unknown backend {first.backend!r}", store=location.uri)
@@ -264,6 +307,7 @@ class StoreReader:
             options={"localRecovery": "false"},
             key_encoding=first.key_encoding,
             views_dir=self._scratch.name,
+            checkpoint_ids=first.checkpoint_id is not None,
         )
         self.backend: StateBackend = BACKENDS[first.backend](ctx, self.remote)
 
@@ -279,7 +323,11 @@ class StoreReader:
         return first
 
     def manifest(self, version: int) -> Manifest:
-        return self.backend.read_manifest(version)
+        """The manifest of `version`: under checkpoint format v2, of the attempt the commit log names."""
+        m = self._manifests.get(version)
+        if m is None:
+            m = self._manifests[version] = self.backend.read_manifest(version, self.attempts.get(version))
+        return m
 
     def schemas(self, version: int) -> tuple[str, str, str]:
         """(key schema, value schema, key encoding) of `version`: from the nearest manifest of its
@@ -320,7 +368,7 @@ class StoreReader:
         if not isinstance(backend, RocksDBBackend):
             return None
         try:
-            chain = list(backend.chain_back(backend.read_manifest(version)))
+            chain = list(backend.chain_back(self.manifest(version)))
         except CheckpointMissingError:
             return None
         return chain if all(m.changes is not None for m in chain) else None
@@ -345,7 +393,7 @@ class StoreReader:
                 f"{chain[0].num_keys}",
                 store=self.location.uri,
                 version=version,
-                file=manifest_path(version),
+                file=chain[0].path,
             )
         return state
 
@@ -407,11 +455,11 @@ class StoreReader:
         from ..store import frames
 
         if self.backend.read_path == "frame":
-            result = self.backend.load(version)
+            result = self.backend.load(version, None, self.attempts.get(version))
             assert result.frame is not None
             return frames.buffer_to_state(result.frame)
         view = Path(self._scratch.name) / f"view-{version}"
-        self.backend.load(version, str(view))
+        self.backend.load(version, str(view), self.attempts.get(version))
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(False)
         return rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())

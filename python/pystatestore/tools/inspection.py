@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..store.errors import StateStoreError
-from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, manifest_path, snapshot_of
+from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, snapshot_of
 from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
@@ -111,14 +111,15 @@ def store_history(reader: StoreReader, versions: Iterable[int] | None = None) ->
     """The summary of each retained version of a store, oldest first."""
     previous: Manifest | None = None
     sizes = {f.path: f.size for f in reader.remote.list_files(MANIFEST_DIR)}
-    cache: dict[int, Manifest] = {}
+    cache: dict[str, Manifest] = {}  # by path, as chains find them
+    by_version: dict[int, Manifest] = {}
     for v in sorted(versions if versions is not None else reader.versions):
-        m = cache.get(v) or reader.manifest(v)
-        cache[v] = m
+        m = by_version.get(v) or reader.manifest(v)
+        by_version[v] = cache[m.path] = m
         chain = sum(1 for c in reader.backend.chain_back(m, cache) if c.is_changelog)
         if previous is not None and previous.version != v - 1:
-            previous = cache.get(v - 1)
-        yield summarize(m, previous, sizes.get(manifest_path(v), 0), chain)
+            previous = by_version.get(v - 1)
+        yield summarize(m, previous, sizes.get(m.path, 0), chain)
         previous = m
 
 
@@ -146,12 +147,12 @@ def checkpoint_history(ckpt: SparkCheckpoint, progress: Progress = _no_progress)
                 snapshots = {
                     key: f for p, f in listing.items() if p.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(p))
                 }
-                cache: dict[int, Manifest] = {}
+                cache: dict[str, Manifest] = {}
                 for summary in store_history(reader):
-                    m = cache.get(summary.version) or reader.manifest(summary.version)
-                    cache[summary.version] = m
+                    m = reader.manifest(summary.version)
+                    cache[m.path] = m
                     needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
-                    needed.add(manifest_path(m.version))
+                    needed.add(m.path)
                     sizes = [listing[p].size for p in needed if p in listing]
                     out.append(StoreVersion(loc, summary, sum(sizes), len(sizes)))
         except StateStoreError:
@@ -176,7 +177,7 @@ def inspect_checkpoint(
                 m = reader.manifest(version)
                 previous = reader.manifest(version - 1) if version - 1 in reader.versions else None
                 chain = sum(1 for c in reader.backend.chain_back(m) if c.is_changelog)
-                size = reader.remote.fs.get_file_info(reader.remote._abs(manifest_path(version))).size or 0
+                size = reader.remote.fs.get_file_info(reader.remote._abs(m.path)).size or 0
                 nodes.append(StoreNode(loc, version, summarize(m, previous, size, chain)))
         except StateStoreError as e:
             nodes.append(StoreNode(loc, version, None, e.problem))

@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 
 from ..store.errors import StateStoreError
-from ..store.manifest import manifest_path
 from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
 from .inspection import Progress, _no_progress
 from .key_lookup import KeyValueError, lookup_error, plan_lookup
@@ -107,7 +106,7 @@ def _read_stores(
                         f"a state row does not decode with the schemas the manifests record ({e}; key {k[:32].hex()})",
                         store=loc.uri,
                         version=version,
-                        file=manifest_path(version),
+                        file=reader.manifest(version).path,
                         advice="The state was written with other schemas than the manifests say; nothing was changed. "
                         'Read it with spark.read.format("statestore").',
                     ) from None
@@ -135,7 +134,7 @@ def _decoder(reader: StoreReader, loc: StoreLocation, version: int) -> StateRowD
             f"the state cannot be decoded without Spark: {e}",
             store=loc.uri,
             version=version,
-            file=manifest_path(version),
+            file=reader.manifest(version).path,
             advice='Read it with spark.read.format("statestore"). Nothing was changed.',
         ) from None
 

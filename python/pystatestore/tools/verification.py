@@ -117,12 +117,12 @@ def _verify_store(
         key: f for f in listed.values() if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
     }
     checked: set[str] = set()  # versions share most files: each is checked once
-    cache: dict[int, Manifest] = {}
+    cache: dict[str, Manifest] = {}  # by path, as chains find them
     for v in reader.versions:
         report.manifests += 1
         try:
-            m = cache.get(v) or reader.manifest(v)
-            cache[v] = m
+            m = reader.manifest(v)
+            cache[m.path] = m
             needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
         except StateStoreError as e:
             report.problems.append(_problem_of(e))
@@ -130,7 +130,7 @@ def _verify_store(
         chain = list(reader.backend.chain_back(m, cache))
         refs = {r.path: r for c in chain for r in c.files()}
         # (path of the manifest or snapshot, the manifest) whose data stored inside gets checked
-        holders = [(manifest_path(c.version), c) for c in chain]
+        holders = [(c.path, c) for c in chain]
         snap = snapshots.get((m.version, m.manifest_id)) if m.is_changelog else None
         if snap is not None:
             try:
