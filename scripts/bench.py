@@ -56,6 +56,7 @@ HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvi
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 PSS = "spark.sql.streaming.stateStore.pystatestore."
+FORMAT_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 # name -> (provider class, session confs for the run)
 RUNS = {
     "hdfs": (HDFS, {}),
@@ -245,9 +246,12 @@ def custom_metric(report: dict, key: str, default: float = -1) -> float:
     return report["stateOperators"][0].get("customMetrics", {}).get(key, default)
 
 
-def run_provider(name: str, input_dir: Path, work: Path, repeat: int, partitions: int = PARTITIONS) -> dict[str, Any]:
+def run_provider(
+    name: str, input_dir: Path, work: Path, repeat: int, partitions: int = PARTITIONS, checkpoint_format: int = 1
+) -> dict[str, Any]:
     """One provider's load, steady batches and restarts on a fresh checkpoint, each query in its own JVM."""
     provider, confs = RUNS[name]
+    confs = {**confs, FORMAT_CONF: str(checkpoint_format)}
     tag = f"{name}-r{repeat}"
     checkpoint = work / f"ckpt-{tag}"
     restart_input = work / f"input-{tag}"
@@ -350,6 +354,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of every provider, in rotating order")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
+    ap.add_argument(
+        "--checkpoint-format",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="Spark's state checkpoint format (2: checkpoint ids; Spark's HDFS provider has none, so it sits out)",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -361,7 +372,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
 
-    names = list(RUNS)
+    names = [n for n in RUNS if args.checkpoint_format == 1 or RUNS[n][0] != HDFS]
     per_run: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     orders = []
     for repeat in range(args.repeat):
@@ -371,7 +382,9 @@ def main() -> None:
         orders.append(order)
         for name in order:
             print(f"bench: repeat {repeat + 1}/{args.repeat}: {name}", flush=True)
-            per_run[name].append(run_provider(name, work / "input", work, repeat, args.partitions))
+            per_run[name].append(
+                run_provider(name, work / "input", work, repeat, args.partitions, args.checkpoint_format)
+            )
     shutil.rmtree(work, ignore_errors=True)
     results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
     spark_version = results[names[0]]["spark"]
@@ -380,13 +393,14 @@ def main() -> None:
         f".venv/bin/python scripts/bench.py --keys {args.keys} --touched-pct {args.touched_pct} "
         f"--batches {args.batches} --partitions {args.partitions} --repeat {args.repeat}"
         + (f" --pyspark {args.pyspark}" if args.pyspark else "")
+        + (f" --checkpoint-format {args.checkpoint_format}" if args.checkpoint_format != 1 else "")
     )
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: {command}",
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Spark {spark_version}, local[2], {args.partitions} partitions, minBatchesToRetain={RETAIN}, "
-        "maintenance every 2 s",
+        f"maintenance every 2 s, checkpointFormatVersion={args.checkpoint_format}",
         f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}; then "
         f"{RESTARTS} restarts (median), each a new query in a new JVM",
@@ -427,7 +441,7 @@ def main() -> None:
     lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
     for ours_name in ("pss-changelog", "pss-snapshot"):
         ours = results[ours_name]
-        for name in ("hdfs", "rocksdb", "rocksdb-changelog"):
+        for name in [n for n in ("hdfs", "rocksdb", "rocksdb-changelog") if n in results]:
             r = results[name]
             lines.append(
                 f"  {ours_name:<13} vs {name:<17} batch {ours['batch_ms'] / r['batch_ms']:.2f}x  "

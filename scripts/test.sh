@@ -6,7 +6,8 @@
 #   - the contract suite, the end-to-end suite, the coordinator test and the same-host restart
 #     test (on local-cluster[2,1,1024] only: local[2] runs the same provider code in one JVM), the
 #     GC test, the offline reader's comparison with Spark's state reader and three state rewrites
-#     (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) on every other supported minor,
+#     (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) and checkpoint format v2 on
+#     every other supported minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
 # Extra arguments go to the default minor's pytest. Ends with one line that totals every run.
 set -euo pipefail
@@ -40,6 +41,7 @@ OTHER_MINOR_TESTS=(
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
   tests/test_spark_limits.py
   tests/test_transform_with_state.py
+  tests/test_checkpoint_v2.py
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[rocksdb_to_ours-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_to_hdfs-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_4_to_7_partitions-stream_stream_join]"

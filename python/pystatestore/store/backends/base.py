@@ -219,6 +219,10 @@ class StateBackend(abc.ABC):
                 advice="Spark asked for a version the checkpoint does not hold; check "
                 "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited.",
             )
+        return self._parsed_file(rel, version)
+
+    def _parsed_file(self, rel: str, version: int) -> Manifest:
+        """The manifest (or snapshot manifest) stored at `rel`, read and validated."""
         data = self.remote.read_bytes(rel, version=version)
         return Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
 
@@ -253,8 +257,7 @@ class StateBackend(abc.ABC):
                 "spark.sql.streaming.minBatchesToRetain and that the checkpoint was not edited or copied without "
                 "its state directory.",
             )
-        data = self.remote.read_bytes(rel, version=version)
-        m = Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+        m = self._parsed_file(rel, version)
         if m.checkpoint_id != checkpoint_id:
             raise CheckpointDamagedError(
                 f"the manifest describes attempt {m.manifest_id}, not the attempt {checkpoint_id} it is named for",
@@ -275,8 +278,7 @@ class StateBackend(abc.ABC):
         between its two renames): still a committed state of the version."""
         found = []
         for rel in self.remote.replaced_versions_of(manifest_path(version)):
-            data = self.remote.read_bytes(rel, version=version)
-            found.append(Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel))
+            found.append(self._parsed_file(rel, version))
         return max(found, key=lambda m: m.created_at) if found else None
 
     def _check_identity(self, m: Manifest, rel: str) -> None:
@@ -325,8 +327,7 @@ class StateBackend(abc.ABC):
         rel = snapshot_path(version, manifest_id)
         if not self.remote.exists(rel):
             return None
-        data = self.remote.read_bytes(rel, version=version)
-        m = Manifest.from_json(data.to_pybytes(), store=self.ctx.store_dir, version=version, file=rel)
+        m = self._parsed_file(rel, version)
         self._check_identity(m, rel)
         if m.is_changelog or m.manifest_id != manifest_id:
             raise CheckpointDamagedError(
