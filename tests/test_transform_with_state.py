@@ -21,6 +21,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
+from pystatestore.store.errors import StateStoreError
 from spark_support import start_session
 
 # The processor is unpickled in Python workers whose path does not hold tests/: send it by value.
@@ -180,6 +181,32 @@ def test_the_state_reader_reads_each_variable_and_its_change_feed_as_on_rocksdb(
         else:
             got = ours[name]
         assert got == rows, f"{name}: {got[:5]} vs {rows[:5]}"
+
+
+def test_pystatestore_read_reads_each_variable_as_the_state_reader_does(both_runs) -> None:  # noqa: ANN001
+    """`pystatestore read --family NAME` decodes a variable's column family without Spark: its rows
+    equal what Spark's state reader shows of it (a list's values one row each; a map's composite key
+    of grouping key and user key shown as the reader shows it, two columns)."""
+    from pystatestore.tools.checkpoint import open_checkpoint
+    from pystatestore.tools.state_rows import python_rows, read_state
+    from test_cli import normal
+
+    (_, _), (_, spark_reads), checkpoint = both_runs
+    ckpt = open_checkpoint(str(checkpoint))
+    for name in ("count", "seen", "perValue"):
+        theirs = sorted((tuple(normal(x) for x in row) for row in spark_reads[name]), key=repr)
+        ours = []
+        for row in python_rows(read_state(ckpt, family=name)):
+            key = row["key"]
+            if set(key) == {"key", "userKey"}:  # a map's composite key
+                ours.append((key["key"], key["userKey"], row["value"]))
+            else:
+                ours.append((key, row["value"]))
+        assert theirs, name
+        assert sorted(ours, key=repr) == theirs, f"{name}: {sorted(ours, key=repr)[:3]} vs {theirs[:3]}"
+    with pytest.raises(StateStoreError, match="families: .*count") as e:
+        read_state(ckpt)
+    assert "--family" in str(e.value)
 
 
 def net_changes(feed: list[tuple]) -> list[tuple]:

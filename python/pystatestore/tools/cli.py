@@ -4,7 +4,8 @@
     pystatestore verify CHECKPOINT [--deep] [--json]
     pystatestore gc CHECKPOINT --dry-run [--min-batches-to-retain 100] [--grace-seconds 600] [--json]
     pystatestore du CHECKPOINT [--json]
-    pystatestore read CHECKPOINT [--operator N] [--store-name S] [--batch N] [--key JSON] -o out.parquet|out.csv|-
+    pystatestore read CHECKPOINT [--operator N] [--store-name S] [--family F] [--batch N] [--key JSON]
+                      -o out.parquet|out.csv|-
     pystatestore report CHECKPOINT -o report.html [--deep]
 
 click parses the command line and rich draws tables and progress bars (plain text when the output
@@ -291,11 +292,17 @@ def du(checkpoint: str, as_json: bool) -> None:
     help="Only the row with this key, as JSON (as `-o -` prints keys): --key '{\"id\": 7}'. A key naming every "
     "key column is looked up in its partition alone; one naming some columns is scanned for.",
 )
+@click.option(
+    "--family",
+    default=None,
+    help="transformWithState: the state variable (column family) to read; a list's values one row each.",
+)
 @click.option("-o", "--output", required=True, help="out.parquet, out.csv, or - for JSON lines on stdout.")
 def read(
     checkpoint: str,
     operator: int,
     store_name: str,
+    family: str | None,
     batch: int | None,
     partitions: tuple[int, ...],
     keys: tuple[str, ...],
@@ -318,6 +325,7 @@ def read(
                 batch=batch,
                 partitions=partitions or None,
                 keys=wanted,
+                family=family,
                 progress=progress,
                 notice=lambda message: err.print(message, markup=False),
             )
