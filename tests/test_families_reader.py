@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from pystatestore.tools.families import Family, family_prefix, registry
-from pystatestore.tools.unsafe_row import RowDecodeError, decode_row, parse_schema
+from pystatestore.tools.families import Family, family_counts, family_prefix, registry
+from pystatestore.tools.unsafe_row import RowDecodeError, SchemaError, decode_row, parse_schema
 
 
 def long_row(v: int) -> bytes:
@@ -74,3 +74,19 @@ def test_lists_of_values_stop_at_the_padding_and_damage_is_named() -> None:
     assert [bytes(v) for v in single.values(long_row(4))] == [long_row(4)]
     with pytest.raises(RowDecodeError, match="seen"):
         list(seen.values(struct.pack(">i", 64) + long_row(1)))
+
+
+def test_family_counts_count_keys_and_each_listed_value() -> None:
+    listed = b"".join(struct.pack(">i", 16) + long_row(v) for v in (1, 2, 3)) + bytes(4)
+    pairs = [
+        (family_prefix(0) + string_row("count"), registry_value(1, "raw", False, "")),
+        (family_prefix(0) + string_row("empty"), registry_value(3, "raw", False, "")),
+        (family_prefix(0) + string_row("seen"), registry_value(2, "raw", True, "")),
+        (family_prefix(1) + long_row(5), long_row(1)),
+        (family_prefix(1) + long_row(6), long_row(2)),
+        (family_prefix(2) + long_row(5), listed),
+    ]
+    counts = {c.family.name: (c.keys, c.values, c.key_bytes, c.value_bytes) for c in family_counts(pairs)}
+    assert counts == {"count": (2, 2, 36, 32), "seen": (1, 3, 18, 64), "empty": (0, 0, 0, 0)}
+    with pytest.raises(SchemaError, match="id 7"):
+        family_counts([*pairs, (family_prefix(7) + long_row(1), long_row(1))])

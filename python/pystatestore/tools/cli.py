@@ -1,6 +1,6 @@
 """The `pystatestore` command: look inside a streaming checkpoint without Spark or a JVM.
 
-    pystatestore inspect CHECKPOINT [--batch N] [--json]
+    pystatestore inspect CHECKPOINT [--batch N] [--families] [--json]
     pystatestore verify CHECKPOINT [--deep] [--json]
     pystatestore gc CHECKPOINT --dry-run [--min-batches-to-retain 100] [--grace-seconds 600] [--json]
     pystatestore du CHECKPOINT [--json]
@@ -42,8 +42,9 @@ from rich.text import Text
 from ..release import __version__
 from ..store.errors import StateStoreError
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
-from .checkpoint import SparkCheckpoint, open_checkpoint
-from .inspection import KINDS, disk_usage, inspect_checkpoint, tree_as_json
+from .checkpoint import SparkCheckpoint, StoreLocation, open_checkpoint
+from .families import FamilyCount
+from .inspection import KINDS, disk_usage, has_families, inspect_checkpoint, store_families, tree_as_json
 from .state_rows import python_rows, read_state, unique_names
 from .verification import gc_dry_run, verify_checkpoint
 
@@ -112,17 +113,24 @@ def main() -> None:
 @click.argument("checkpoint")
 @click.option("--batch", type=int, default=None, help="A committed batch (default: the last).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metadata tree as JSON.")
-def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
+@click.option(
+    "--families",
+    "count_families",
+    is_flag=True,
+    help="transformWithState stores: keys, values and bytes per column family (state variable); reads the state.",
+)
+def inspect(checkpoint: str, batch: int | None, as_json: bool, count_families: bool) -> None:
     """The checkpoint as a metadata tree: batch → operator → partition → store → manifest."""
     ckpt = _open(checkpoint)
     try:
         with _progress(not as_json) as progress:
             version, nodes = inspect_checkpoint(ckpt, batch, progress)
+            families = store_families(nodes, progress) if count_families else None
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
     shown_batch = version - 1
     if as_json:
-        click.echo(json.dumps(tree_as_json(ckpt, shown_batch, version, nodes), indent=2))
+        click.echo(json.dumps(tree_as_json(ckpt, shown_batch, version, nodes, families), indent=2))
         return
     out.print(f"[bold]{ckpt.uri}[/bold]")
     out.print(
@@ -159,6 +167,35 @@ def inspect(checkpoint: str, batch: int | None, as_json: bool) -> None:
     written = [n.summary.created_at for n in nodes if n.summary]
     if written:
         out.print(f"written {_when(min(written))} .. {_when(max(written))}; --json for writers, ids and sizes")
+    if families is not None:
+        _print_families(families)
+    elif any(has_families(n) for n in nodes):
+        out.print("stores with column families (transformWithState): --families counts each state variable's keys")
+
+
+def _print_families(families: dict[StoreLocation, list[FamilyCount] | str]) -> None:
+    table = Table(title="column families (state variables; names starting with $ are Spark's timers and TTL indexes)")
+    for col in ("op", "part", "store", "family", "id", "encoding", "keys", "values", "bytes"):
+        table.add_column(col, justify="left" if col in ("store", "family", "encoding") else "right", overflow="fold")
+    for loc, counts in families.items():
+        if isinstance(counts, str):
+            table.add_row(str(loc.operator_id), str(loc.partition_id), loc.store_name, "[red]problem[/red]")
+            out.print(f"[red]problem[/red] {loc.label}: {counts}", soft_wrap=True)
+            continue
+        for c in counts:
+            encoding = c.family.key_encoding + (", several values" if c.family.multiple_values else "")
+            table.add_row(
+                str(loc.operator_id),
+                str(loc.partition_id),
+                loc.store_name,
+                c.family.name,
+                str(c.family.family_id),
+                encoding,
+                f"{c.keys:,}",
+                f"{c.values:,}",
+                _size(c.key_bytes + c.value_bytes),
+            )
+    out.print(table)
 
 
 @main.command()

@@ -121,3 +121,35 @@ def registry(pairs: Iterable[tuple[bytes, bytes]]) -> dict[str, Family]:
         fid, encoding, multiple, key_schema, value_schema, args = decode_row(_REGISTRY_VALUE, value)
         out[name] = Family(name, fid, encoding, multiple, key_schema, value_schema, args)
     return out
+
+
+@dataclass(frozen=True)
+class FamilyCount:
+    """How much of a store's state one column family holds."""
+
+    family: Family
+    keys: int
+    values: int  # a list's values each count; one per key otherwise
+    key_bytes: int
+    value_bytes: int
+
+
+def family_counts(pairs: Iterable[tuple[bytes, bytes]]) -> list[FamilyCount]:
+    """Keys, values and bytes per family of a version's (key, value) pairs in key order, in family id
+    order; families the registry records but holding no key are listed with zeros."""
+    pairs = list(pairs)
+    families = registry(pairs)
+    by_id = {f.family_id: f for f in families.values()}
+    tally: dict[int, list[int]] = {fid: [0, 0, 0, 0] for fid in by_id}
+    for key, value in pairs:
+        fid = int.from_bytes(key[:2], "big")
+        if fid == REGISTRY_ID:
+            continue
+        if fid not in by_id:
+            raise SchemaError(f"a key of column family id {fid}, which the store's registry does not record")
+        t = tally[fid]
+        t[0] += 1
+        t[1] += sum(1 for _ in by_id[fid].values(value))
+        t[2] += len(key)
+        t[3] += len(value)
+    return [FamilyCount(by_id[fid], *tally[fid]) for fid in sorted(by_id)]

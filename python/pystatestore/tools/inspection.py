@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..store.errors import StateStoreError
-from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, snapshot_of
+from ..store.manifest import KEY_ENCODING_FAMILIES, MANIFEST_DIR, SNAPSHOT_DIR, Manifest, snapshot_of
 from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
+from .families import FamilyCount, family_counts
+from .unsafe_row import RowDecodeError, SchemaError
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
 Progress = Callable[[str, int, int], None]
@@ -105,6 +107,7 @@ class StoreNode:
     version: int
     summary: VersionSummary | None
     problem: str | None = None
+    key_encoding: str = ""  # how the version's keys are laid out (families-v1: column families)
 
 
 def store_history(reader: StoreReader, versions: Iterable[int] | None = None) -> Iterator[VersionSummary]:
@@ -178,15 +181,66 @@ def inspect_checkpoint(
                 previous = reader.manifest(version - 1) if version - 1 in reader.versions else None
                 chain = sum(1 for c in reader.backend.chain_back(m) if c.is_changelog)
                 size = reader.remote.fs.get_file_info(reader.remote._abs(m.path)).size or 0
-                nodes.append(StoreNode(loc, version, summarize(m, previous, size, chain)))
+                encoding = reader.schemas(version)[2]
+                nodes.append(StoreNode(loc, version, summarize(m, previous, size, chain), key_encoding=encoding))
         except StateStoreError as e:
             nodes.append(StoreNode(loc, version, None, e.problem))
     progress("reading manifests", len(ckpt.stores), len(ckpt.stores))
     return version, nodes
 
 
-def tree_as_json(ckpt: SparkCheckpoint, batch: int, version: int, nodes: list[StoreNode]) -> dict[str, Any]:
-    """The metadata tree: checkpoint → operators → partitions → stores → manifest."""
+def has_families(node: StoreNode) -> bool:
+    """Whether the store keeps column families (a transformWithState store), as its manifest says."""
+    return node.summary is not None and node.key_encoding == KEY_ENCODING_FAMILIES
+
+
+def store_families(
+    nodes: list[StoreNode], progress: Progress = _no_progress
+) -> dict[StoreLocation, list[FamilyCount] | str]:
+    """Per store with column families: keys, values and bytes of each family at the node's version
+    (its whole state is read), or what kept it from being read."""
+    wanted = [n for n in nodes if has_families(n)]
+    out: dict[StoreLocation, list[FamilyCount] | str] = {}
+    for i, n in enumerate(wanted):
+        progress("counting column families", i, len(wanted))
+        try:
+            with StoreReader(n.location) as reader:
+                state = reader.state_table(n.version)
+                pairs = zip(state.column("key").to_pylist(), state.column("value").to_pylist(), strict=True)
+                out[n.location] = family_counts(pairs)
+        except (StateStoreError, RowDecodeError, SchemaError) as e:
+            out[n.location] = getattr(e, "problem", None) or str(e)
+    progress("counting column families", len(wanted), len(wanted))
+    return out
+
+
+def _family_json(counts: list[FamilyCount] | str) -> list[dict[str, Any]] | dict[str, str]:
+    if isinstance(counts, str):
+        return {"problem": counts}
+    return [
+        {
+            "name": c.family.name,
+            "id": c.family.family_id,
+            "key_encoding": c.family.key_encoding,
+            "multiple_values": c.family.multiple_values,
+            "keys": c.keys,
+            "values": c.values,
+            "key_bytes": c.key_bytes,
+            "value_bytes": c.value_bytes,
+        }
+        for c in counts
+    ]
+
+
+def tree_as_json(
+    ckpt: SparkCheckpoint,
+    batch: int,
+    version: int,
+    nodes: list[StoreNode],
+    families: dict[StoreLocation, list[FamilyCount] | str] | None = None,
+) -> dict[str, Any]:
+    """The metadata tree: checkpoint → operators → partitions → stores → manifest (and, where
+    `families` has the store, its column families)."""
     operators: dict[int, dict[int, list[dict[str, Any]]]] = {}
     for n in nodes:
         entry: dict[str, Any] = {"store": n.location.store_name, "dir": n.location.uri, "version": n.version}
@@ -194,6 +248,8 @@ def tree_as_json(ckpt: SparkCheckpoint, batch: int, version: int, nodes: list[St
             entry["manifest"] = {**asdict(n.summary), "uploaded_bytes": n.summary.uploaded_bytes}
         if n.problem is not None:
             entry["problem"] = n.problem
+        if families is not None and n.location in families:
+            entry["families"] = _family_json(families[n.location])
         operators.setdefault(n.location.operator_id, {}).setdefault(n.location.partition_id, []).append(entry)
     return {
         "checkpoint": ckpt.uri,

@@ -4,7 +4,8 @@ the page, so nothing is fetched from a CDN.
 
 Plots: the checkpoint bytes and files each version needs to be restored, bytes uploaded vs
 reused per commit, the commit time split (from the step times manifests record), and per-partition
-skew of the latest version.
+skew of the latest version; for transformWithState stores, the keys and bytes of each column family
+(state variable) at the last batch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .checkpoint import SparkCheckpoint
-from .inspection import Progress, StoreVersion, checkpoint_history
+from .inspection import Progress, StoreVersion, checkpoint_history, has_families, inspect_checkpoint, store_families
 from .verification import VerifyReport, verify_checkpoint
 
 MIB = 1024 * 1024
@@ -43,6 +44,7 @@ def build_report(
 
     history = checkpoint_history(ckpt, progress)
     verify = verify_checkpoint(ckpt, deep=deep, progress=progress)
+    families = _families_table(ckpt, progress)
     by_version: dict[int, list[StoreVersion]] = defaultdict(list)
     for sv in history:
         by_version[sv.summary.version].append(sv)
@@ -117,11 +119,51 @@ def build_report(
         pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
         for i, fig in enumerate(figures)
     ]
-    return _page(ckpt, verify, history, plots, deep=deep), verify
+    return _page(ckpt, verify, history, plots, families, deep=deep), verify
+
+
+def _families_table(ckpt: SparkCheckpoint, progress: Progress) -> str:
+    """An HTML table of each column family's keys, values and bytes, summed over partitions, at the
+    last batch; empty when no store has column families."""
+    if not ckpt.committed_batches:
+        return ""
+    version, nodes = inspect_checkpoint(ckpt, progress=progress)
+    if not any(has_families(n) for n in nodes):
+        return ""
+    totals: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    problems = []
+    for loc, counts in store_families(nodes, progress).items():
+        if isinstance(counts, str):
+            problems.append(f"{loc.label}: {counts}")
+            continue
+        for c in counts:
+            t = totals[(loc.operator_id, loc.store_name, c.family.name)]
+            t[0] += c.keys
+            t[1] += c.values
+            t[2] += c.key_bytes + c.value_bytes
+            t[3] += 1 if c.keys else 0
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{op}</td><td>{e(store)}</td><td>{e(name)}</td><td>{keys:,}</td><td>{values:,}</td>"
+        f"<td>{size / 1024:,.1f}</td><td>{parts}</td></tr>"
+        for (op, store, name), (keys, values, size, parts) in sorted(totals.items())
+    )
+    unread = "".join(f"<li>{e(p)}</li>" for p in problems)
+    return f"""<h2>State variables (column families), batch {version - 1}</h2>
+<p>Names starting with $ are Spark's own families: timers, TTL indexes, list row counters.</p>
+<table><tr><th>op</th><th>store</th><th>family</th><th>keys</th><th>values</th><th>KiB</th>
+<th>partitions holding keys</th></tr>{rows}</table>{f"<ul>{unread}</ul>" if unread else ""}
+"""
 
 
 def _page(
-    ckpt: SparkCheckpoint, verify: VerifyReport, history: list[StoreVersion], plots: list[str], *, deep: bool
+    ckpt: SparkCheckpoint,
+    verify: VerifyReport,
+    history: list[StoreVersion],
+    plots: list[str],
+    families: str,
+    *,
+    deep: bool,
 ) -> str:
     e = html.escape
     status = "restorable" if verify.restorable else f"NOT restorable: {len(verify.problems)} problems"
@@ -136,6 +178,7 @@ def _page(
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 .ok {{ color: #176f2c; }} .bad {{ color: #b00020; }}
 code {{ background: #f4f4f4; padding: 0 .2em; }}
+td, th {{ padding: 0 .6em; text-align: right; }}
 </style></head><body>
 <h1>Checkpoint report</h1>
 <p><code>{e(ckpt.uri)}</code><br>query {e(str(ckpt.query_id))}, provider {e(str(ckpt.provider))},
@@ -145,7 +188,7 @@ batches committed {e(ckpt.committed_span)}, {stores} stores; made {made}</p>
 manifests, {verify.files} files checked ({"sizes and checksums" if deep else "sizes"}).</p>
 <h3>Problems</h3><ul>{problems}</ul>
 <h3>Unreferenced files (maintenance deletes them)</h3><ul>{unreferenced}</ul>
-<h2>History</h2>
+{families}<h2>History</h2>
 {"".join(f'<div class="plot">{p}</div>' for p in plots)}
 </body></html>
 """
