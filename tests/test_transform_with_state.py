@@ -18,7 +18,7 @@ import pandas as pd
 import pyspark
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from pystatestore.store.errors import StateStoreError
@@ -209,6 +209,35 @@ def test_pystatestore_read_reads_each_variable_as_the_state_reader_does(both_run
     assert "--family" in str(e.value)
 
 
+def test_inspect_and_report_count_each_variable_as_the_state_reader_reads_it(both_runs, tmp_path: Path) -> None:  # noqa: ANN001
+    """`pystatestore inspect --families` gives each state variable's values, summed over partitions,
+    as many as Spark's state reader reads of it (a list: one row per value); the HTML report has the
+    same table; without --families, inspect says the stores have families."""
+    from click.testing import CliRunner
+
+    from pystatestore.tools.cli import main
+
+    (_, _), (_, spark_reads), checkpoint = both_runs
+    done = CliRunner().invoke(main, ["inspect", str(checkpoint), "--families", "--json"])
+    assert done.exit_code == 0, done.output
+    values: dict[str, int] = {}
+    for part in json.loads(done.output)["operators"][0]["partitions"]:
+        for family in part["stores"][0]["families"]:
+            values[family["name"]] = values.get(family["name"], 0) + family["values"]
+    for name in ("count", "seen", "perValue"):
+        assert values[name] == len(spark_reads[name]) > 0, (name, values)
+    assert {"$eventTimers_keyToTimestamp", "$eventTimers_timestampToKey"} <= set(values)
+    plain = CliRunner().invoke(main, ["inspect", str(checkpoint)])
+    assert plain.exit_code == 0 and "--families" in plain.output, plain.output
+    report = tmp_path / "report.html"
+    done = CliRunner().invoke(main, ["report", str(checkpoint), "-o", str(report)])
+    assert done.exit_code == 0, done.output
+    page = report.read_text()
+    assert "State variables (column families)" in page
+    seen = spark_reads["seen"]
+    assert f"<td>seen</td><td>{len({row[0] for row in seen}):,}</td><td>{len(seen):,}</td>" in page
+
+
 def net_changes(feed: list[tuple]) -> list[tuple]:
     """A change feed as each batch's net change per key: its last operation, without deletes of
     keys the batch began without."""
@@ -321,3 +350,82 @@ def test_ttl_initial_state_and_a_deleted_variable_equal_rocksdb(tmp_path: Path) 
     assert len(ours) == len(reference) == BATCHES
     for batch, (want, got) in enumerate(zip(reference, ours, strict=True)):
         assert got == want, f"run {batch}: {got[:3]} vs {want[:3]}"
+
+
+class Pinger(StatefulProcessor):
+    """Row-based `transformWithState` with processing-time timers: per key a count and its values
+    (ValueState, ListState); each input moves the key's one timer (listTimers, deleteTimer) to 1 ms
+    after the batch's processing time, so it fires in the next batch, which reports the key's values."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.values = handle.getListState("values", "v long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:  # noqa: ANN001, N802, N803
+        n = self.count.get()[0] if self.count.exists() else 0
+        for row in rows:
+            n += 1
+            self.values.appendValue((row.v,))
+        self.count.update((n,))
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1)
+        yield Row(key=key[0], kind="input", n=n, detail="")
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[Row]:  # noqa: ANN001, N802, N803
+        values = sorted(x[0] for x in self.values.get())
+        timers = len(list(self.handle.listTimers()))  # Spark still lists the firing timer here
+        yield Row(key=key[0], kind="fired", n=len(values), detail=json.dumps([values, timers]))
+
+    def close(self) -> None:
+        pass
+
+
+def run_pinger(spark: SparkSession, root: Path) -> list[list[tuple]]:
+    """BATCHES runs (a restart before each), one input file each, on a processing-time trigger; a run
+    stops once the batch after the one that read its file is committed, so that its timers have
+    fired. Per run, every row it output (which empty batch a timer fires in is timing)."""
+    source, checkpoint = root / "in", root / "checkpoint"
+    source.mkdir(parents=True)
+    out: dict[int, list[tuple]] = {}
+    runs: list[list[tuple]] = []
+    for b in range(BATCHES):
+        rows = [{"k": f"k{(b * 3 + i) % 8}", "v": b * 10 + i} for i in range(5)]
+        (source / f"{b:03d}.json").write_text("\n".join(json.dumps(r) for r in rows))
+        events = spark.readStream.schema("k string, v long").json(str(source))
+        query = (
+            events.groupBy("k")
+            .transformWithState(Pinger(), outputStructType=OUTPUT, outputMode="Update", timeMode="ProcessingTime")
+            .writeStream.foreachBatch(lambda df, batch: out.__setitem__(batch, sorted(map(tuple, df.collect()))))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        started = set(out)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert query.exception() is None, query.exception()
+                read = [batch for batch in sorted(set(out) - started) if any(r[1] == "input" for r in out[batch])]
+                if read and (checkpoint / "commits" / str(read[0] + 1)).exists() and read[0] + 1 in out:
+                    break
+                assert time.monotonic() < deadline, f"run {b}: the batch after the one that read its file never ran"
+                time.sleep(0.2)
+        finally:
+            query.stop()
+        runs.append(sorted(r for batch in sorted(set(out) - started) for r in out[batch]))
+    return runs
+
+
+def test_row_based_processing_time_timers_equal_rocksdb(tmp_path: Path) -> None:
+    with session_on(ROCKSDB) as spark:
+        reference = run_pinger(spark, tmp_path / "rocksdb")
+    with session_on(None) as spark:
+        ours = run_pinger(spark, tmp_path / "ours")
+    assert (tmp_path / "ours" / "checkpoint" / "state" / "0" / "0" / "manifests").is_dir()
+    fired = [row for rows in reference for row in rows if row[1] == "fired"]
+    assert len(fired) >= BATCHES, f"every run's timers must fire: {fired[:5]}"
+    assert len(ours) == len(reference) == BATCHES
+    for run, (want, got) in enumerate(zip(reference, ours, strict=True)):
+        assert got == want, f"run {run}: {got[:4]} vs {want[:4]}"
