@@ -19,7 +19,13 @@ live in the dead JVM's temporary directory); pystatestore restores from its loca
 when they are intact, and the report says how many bytes came from each.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
-                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--out FILE]
+                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--workload aggregation|tws] [--out FILE]
+
+--workload tws (Spark 4.1: 4.2+ refuse transformWithState on any provider but their RocksDB one) runs
+a transformWithStateInPandas session buffer instead: per key a count (ValueState), its events
+(ListState, appended to) and an event-time timer an hour after the key's newest event (moved on each
+input: the timer and its ValueState), with a watermark on the events' time; Spark's HDFS provider
+has no column families and sits out.
 
 --pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
 scripts/build_jar.py, and our jar for it) against that minor's own built-in providers.
@@ -98,14 +104,32 @@ RETAIN = 5
 
 
 def write_inputs(input_dir: Path, keys: int, touched: int, batches: int, seed: int = 42) -> None:
+    """Batch b's file, and (in restart-input/) the restarts' files: batch 1 + i's keys and values,
+    with event times after every batch's (the tws workload's watermark would drop older ones)."""
     input_dir.mkdir(parents=True)
+    restarts = input_dir.parent / "restart-input"
+    restarts.mkdir()
     rnd = random.Random(seed)
     for b in range(batches + 1):
         ks = list(range(keys)) if b == 0 else rnd.sample(range(keys), touched)
-        table = pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array([rnd.randrange(1000) for _ in ks])})
-        path = input_dir / f"batch-{b:04d}.parquet"
-        pq.write_table(table, path)
-        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source orders by mtime
+        values = [rnd.randrange(1000) for _ in ks]
+        write_batch(input_dir / f"batch-{b:04d}.parquet", ks, values, second=b)
+        if 1 <= b <= RESTARTS:
+            write_batch(restarts / f"batch-restart-{b - 1}.parquet", ks, values, second=batches + b)
+
+
+def write_batch(path: Path, keys: list[int], values: list[int], second: int) -> None:
+    """One input file: keys and values, all at event time `second` (from 2026-01-01)."""
+    when = dt.datetime(2026, 1, 1) + dt.timedelta(seconds=second)
+    table = pa.table(
+        {
+            "key": pa.array(keys, pa.int64()),
+            "value": pa.array(values, pa.int64()),
+            "ts": pa.array([when] * len(keys), pa.timestamp("us")),
+        }
+    )
+    pq.write_table(table, path)
+    os.utime(path, (1_700_000_000 + second, 1_700_000_000 + second))  # the file source orders by mtime
 
 
 def state_files(state_dir: Path) -> dict[str, int]:
@@ -162,6 +186,7 @@ def bench_session(app: str, partitions: int = PARTITIONS, **conf: str) -> SparkS
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
         .config("spark.sql.streaming.minBatchesToRetain", str(RETAIN))
+        .config("spark.pyspark.python", sys.executable)  # the tws workload's Python workers need pandas
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -188,15 +213,92 @@ def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> l
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
+class SessionBuffer:
+    """The tws workload's processor (a StatefulProcessor, made when pyspark is imported): per key a
+    count, its events appended to a list, and an event-time timer an hour after its newest event,
+    moved on each input, as a session timeout keeps it."""
+
+    @staticmethod
+    def make():  # noqa: ANN205 - the processor class, built on the StatefulProcessor of the running pyspark
+        import pandas as pd
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+        class Processor(StatefulProcessor):
+            def init(self, handle) -> None:  # noqa: ANN001
+                self.handle = handle
+                self.count = handle.getValueState("count", "n long")
+                self.events = handle.getListState("events", "v long")
+                self.timer = handle.getValueState("timer", "t long")
+
+            def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN201, N802, N803
+                n = self.count.get()[0] if self.count.exists() else 0
+                newest = 0
+                for frame in rows:
+                    self.events.appendList([(int(v),) for v in frame["value"]])
+                    n += len(frame)
+                    newest = max(newest, int(frame["ts"].max().timestamp() * 1000))
+                self.count.update((n,))
+                if self.timer.exists():
+                    self.handle.deleteTimer(self.timer.get()[0])
+                self.handle.registerTimer(newest + 3_600_000)
+                self.timer.update((newest + 3_600_000,))
+                yield pd.DataFrame({"key": [key[0]], "n": [n]})
+
+            def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: ANN001, ANN201, N802, N803
+                self.count.clear()
+                self.events.clear()
+                self.timer.clear()
+                yield pd.DataFrame({"key": [key[0]], "n": [-1]})
+
+            def close(self) -> None:
+                pass
+
+        return Processor()
+
+
+def run_tws(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
+    """The session buffer over everything available, one file per batch; returns the progress
+    reports of batches that had input."""
+    source = (
+        spark.readStream.schema("key long, value long, ts timestamp")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(input_dir))
+    )
+    query = (
+        source.withWatermark("ts", "10 seconds")
+        .groupBy("key")
+        .transformWithStateInPandas(
+            SessionBuffer.make(), outputStructType="key long, n long", outputMode="Update", timeMode="EventTime"
+        )
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception():
+        raise SystemExit(f"query failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+WORKLOADS = {"aggregation": run_aggregation, "tws": run_tws}
+WORKLOAD_TEXT = {
+    "aggregation": "groupBy(key).agg(count, sum)",
+    "tws": "transformWithStateInPandas: per key a count, its events in a ListState, an event-time timer moved "
+    "on each input",
+}
+
+
 def query_child(spec_file: Path) -> None:
     """The child: one query in this JVM, as `spec_file` says; writes its progress reports (batches
     with input) and Spark's version next to the spec. Lingers after the query so that maintenance
     catches up, as it would in a running query."""
     spec = json.loads(spec_file.read_text())
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # a transformWithState processor's init runs in it
     spark = bench_session(spec["app"], spec["partitions"], **spec["session_conf"])
     for key, value in spec["sql_conf"].items():
         spark.conf.set(key, value)
-    progress = run_aggregation(spark, Path(spec["input"]), Path(spec["checkpoint"]))
+    progress = WORKLOADS[spec["workload"]](spark, Path(spec["input"]), Path(spec["checkpoint"]))
     time.sleep(spec["linger_s"])
     Path(spec["result"]).write_text(
         json.dumps({"progress": [json.loads(p.json) for p in progress], "spark": spark.version})
@@ -214,6 +316,7 @@ def run_query_in_own_jvm(
     partitions: int = PARTITIONS,
     linger_s: float = 0.0,
     session_conf: dict[str, str] | None = None,
+    workload: str = "aggregation",
 ) -> tuple[list[dict], str]:
     """Runs the aggregation over everything in `input_dir` with `sql_conf` (the provider class and
     its confs) in a new driver JVM (a new Python process and its SparkSession); returns the progress
@@ -228,6 +331,7 @@ def run_query_in_own_jvm(
         "checkpoint": str(checkpoint),
         "linger_s": linger_s,
         "result": str(result),
+        "workload": workload,
     }
     spec_file.write_text(json.dumps(spec))
     log = work / f"{tag}.log"
@@ -247,7 +351,13 @@ def custom_metric(report: dict, key: str, default: float = -1) -> float:
 
 
 def run_provider(
-    name: str, input_dir: Path, work: Path, repeat: int, partitions: int = PARTITIONS, checkpoint_format: int = 1
+    name: str,
+    input_dir: Path,
+    work: Path,
+    repeat: int,
+    partitions: int = PARTITIONS,
+    checkpoint_format: int = 1,
+    workload: str = "aggregation",
 ) -> dict[str, Any]:
     """One provider's load, steady batches and restarts on a fresh checkpoint, each query in its own JVM."""
     provider, confs = RUNS[name]
@@ -264,7 +374,7 @@ def run_provider(
     started = time.time()
     try:
         progress, spark_version = run_query_in_own_jvm(
-            work, tag, sql_conf, restart_input, checkpoint, partitions=partitions, linger_s=5.0
+            work, tag, sql_conf, restart_input, checkpoint, partitions=partitions, linger_s=5.0, workload=workload
         )
     finally:
         watcher.stop()
@@ -293,12 +403,11 @@ def run_provider(
     # so the report takes the median of RESTARTS of them.
     restarts = []
     for i in range(RESTARTS):
-        extra = sorted(input_dir.iterdir())[1 + i]
         target = restart_input / f"batch-restart-{i}.parquet"
-        shutil.copy(extra, target)
+        shutil.copy(input_dir.parent / "restart-input" / target.name, target)
         os.utime(target, (1_800_000_000 + 10 * i, 1_800_000_000 + 10 * i))
         first = run_query_in_own_jvm(
-            work, f"{tag}-restart{i}", sql_conf, restart_input, checkpoint, partitions=partitions
+            work, f"{tag}-restart{i}", sql_conf, restart_input, checkpoint, partitions=partitions, workload=workload
         )[0][0]
         restarts.append(first)
     result["restart_ms"] = statistics.median(r["durationMs"]["triggerExecution"] for r in restarts)
@@ -361,6 +470,17 @@ def main() -> None:
         default=1,
         help="Spark's state checkpoint format (2: checkpoint ids; Spark's HDFS provider has none, so it sits out)",
     )
+    ap.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="aggregation",
+        help="tws: a transformWithStateInPandas session buffer (ListState, a ValueState, event-time timers); 4.1 only",
+    )
+    ap.add_argument(
+        "--runs",
+        default=None,
+        help=f"comma-separated runs to compare (default: every one the workload and format allow): {', '.join(RUNS)}",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -372,7 +492,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
 
-    names = [n for n in RUNS if args.checkpoint_format == 1 or RUNS[n][0] != HDFS]
+    # Spark's HDFS provider has no checkpoint ids (format 2) and no column families (transformWithState).
+    names = [n for n in RUNS if (args.checkpoint_format == 1 and args.workload == "aggregation") or RUNS[n][0] != HDFS]
+    if args.runs:
+        asked = args.runs.split(",")
+        if unknown := [n for n in asked if n not in names]:
+            raise SystemExit(f"bench: --runs {','.join(unknown)}: not among {', '.join(names)} for this workload")
+        names = [n for n in names if n in asked]
     per_run: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     orders = []
     for repeat in range(args.repeat):
@@ -383,7 +509,7 @@ def main() -> None:
         for name in order:
             print(f"bench: repeat {repeat + 1}/{args.repeat}: {name}", flush=True)
             per_run[name].append(
-                run_provider(name, work / "input", work, repeat, args.partitions, args.checkpoint_format)
+                run_provider(name, work / "input", work, repeat, args.partitions, args.checkpoint_format, args.workload)
             )
     shutil.rmtree(work, ignore_errors=True)
     results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
@@ -394,6 +520,8 @@ def main() -> None:
         f"--batches {args.batches} --partitions {args.partitions} --repeat {args.repeat}"
         + (f" --pyspark {args.pyspark}" if args.pyspark else "")
         + (f" --checkpoint-format {args.checkpoint_format}" if args.checkpoint_format != 1 else "")
+        + (f" --workload {args.workload}" if args.workload != "aggregation" else "")
+        + (f" --runs {args.runs}" if args.runs else "")
     )
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -401,7 +529,8 @@ def main() -> None:
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Spark {spark_version}, local[2], {args.partitions} partitions, minBatchesToRetain={RETAIN}, "
         f"maintenance every 2 s, checkpointFormatVersion={args.checkpoint_format}",
-        f"# workload: {args.keys} keys of state, {touched} keys ({args.touched_pct}%) updated per batch, "
+        f"# workload: {WORKLOAD_TEXT[args.workload]}; {args.keys} keys of state, {touched} keys ({args.touched_pct}%) "
+        "updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}; then "
         f"{RESTARTS} restarts (median), each a new query in a new JVM",
         f"# every query in a JVM of its own; {args.repeat} repeats in rotating order ("
@@ -439,7 +568,7 @@ def main() -> None:
             f"{spread(r, 'restart_ms', '.0f'):>14}"
         )
     lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
-    for ours_name in ("pss-changelog", "pss-snapshot"):
+    for ours_name in [n for n in ("pss-changelog", "pss-snapshot") if n in results]:
         ours = results[ours_name]
         for name in [n for n in ("hdfs", "rocksdb", "rocksdb-changelog") if n in results]:
             r = results[name]
@@ -451,7 +580,7 @@ def main() -> None:
                 f"bytes {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x  "
                 f"restart {ours['restart_ms'] / max(r['restart_ms'], 1):.2f}x"
             )
-    for ours_name in ("pss-changelog", "pss-snapshot"):
+    for ours_name in [n for n in ("pss-changelog", "pss-snapshot") if n in results]:
         ours = results[ours_name]
         lines += [
             "",

@@ -41,6 +41,7 @@ OTHER_MINOR_TESTS=(
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
   tests/test_spark_limits.py
   tests/test_transform_with_state.py
+  tests/test_transform_with_state_scala.py
   tests/test_checkpoint_v2.py
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[rocksdb_to_ours-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_to_hdfs-aggregation]"
