@@ -317,6 +317,9 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
     registryPart ++ byId.values.filter(_.buffer != null).map(f => f.buffer -> f.base)
   }
 
+  /** Whether this store created or removed a family (its commit is then a snapshot, as on Spark's RocksDB). */
+  def familiesChanged: Boolean = synchronized(registryWritten)
+
   def memoryBytes: Long = synchronized {
     byId.values.filter(_.buffer != null).map(_.buffer.memoryBytes).sum +
       (if (registryWritten) registry.memoryBytes else 0L)

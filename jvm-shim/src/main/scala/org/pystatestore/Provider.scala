@@ -113,7 +113,8 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     usesViews = ProviderConf.usesViews(storeConfs)
-    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey, usesViews)
+    StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey, usesViews,
+      storeConfs.stateStoreEncodingFormat)
     columnFamiliesValue = useColumnFamilies
     checkpointIdsValue = storeConfs.enableStateStoreCheckpointIds
     prefixSpec = if (useColumnFamilies) None // each family has its own key encoder

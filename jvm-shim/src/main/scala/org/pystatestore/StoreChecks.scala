@@ -20,11 +20,21 @@ private[pystatestore] object StoreChecks {
       stateStoreId: StateStoreId,
       useColumnFamilies: Boolean,
       useMultipleValuesPerKey: Boolean,
-      usesViews: Boolean): Unit = {
+      usesViews: Boolean,
+      encodingFormat: String): Unit = {
     if (useColumnFamilies && !usesViews) {
       throw SparkInternals.multipleColumnFamiliesNotSupported(
         s"$ProviderName with the memory backend (store $stateStoreId); column families need " +
           s"${WorkerLaunchSpec.ConfPrefix}backend=rocksdb, the default")
+    }
+    if (useColumnFamilies && encodingFormat.equalsIgnoreCase("avro")) {
+      // Spark's RocksDB provider does the Avro encoding itself (a schema id per value, so values of
+      // an older schema decode after the schema evolved); ours keeps UnsafeRows, and would read an
+      // old value with the new schema as garbage.
+      throw SparkInternals.unsupportedOperation("spark.sql.streaming.stateStore.encodingFormat=avro",
+        s"$ProviderName keeps transformWithState values as UnsafeRows (store $stateStoreId): set " +
+          "spark.sql.streaming.stateStore.encodingFormat=unsaferow (the default) before the query's first " +
+          "batch; a query whose state schema must evolve needs Spark's RocksDB provider")
     }
     if (useMultipleValuesPerKey && !useColumnFamilies) {
       throw SparkInternals.unsupportedOperation("multiple values per key",

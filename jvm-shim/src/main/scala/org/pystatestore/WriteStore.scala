@@ -159,7 +159,10 @@ abstract class PythonStateStoreCore(
     hold.check("commit")
     try {
       val parts = if (families != null) families.commitParts else Seq(buffer -> base)
-      val (state, metrics) = provider.commitVersion(base, parts, forceSnapshot)
+      // Spark's RocksDB provider snapshots a version that created or removed a column family, and
+      // its state reader's snapshotStartBatchId relies on it (PySpark's own suites read batch 0 so).
+      val snapshot = forceSnapshot || (families != null && families.familiesChanged)
+      val (state, metrics) = provider.commitVersion(base, parts, snapshot)
       // Spark may still read the store after committing (complete mode reads all rows): the store
       // keeps reading base + buffer, which is the committed version, until it is released.
       state.release() // the provider's cache keeps the new version
