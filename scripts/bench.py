@@ -51,7 +51,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import pystatestore
@@ -200,8 +200,14 @@ def run_aggregation(spark: SparkSession, input_dir: Path, checkpoint: Path) -> l
     reports of batches that had input."""
     source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
     agg = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+    return run_to_the_end(agg, checkpoint)
+
+
+def run_to_the_end(result: DataFrame, checkpoint: Path) -> list[dict]:
+    """`result` written to the noop sink in update mode until its input is processed; the progress
+    reports of batches that had input."""
     query = (
-        agg.writeStream.outputMode("update")
+        result.writeStream.outputMode("update")
         .format("noop")
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
@@ -264,21 +270,14 @@ def run_tws(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict
         .option("maxFilesPerTrigger", 1)
         .parquet(str(input_dir))
     )
-    query = (
+    buffered = (
         source.withWatermark("ts", "10 seconds")
         .groupBy("key")
         .transformWithStateInPandas(
             SessionBuffer.make(), outputStructType="key long, n long", outputMode="Update", timeMode="EventTime"
         )
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination()
-    if query.exception():
-        raise SystemExit(f"query failed: {query.exception()}")
-    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+    return run_to_the_end(buffered, checkpoint)
 
 
 WORKLOADS = {"aggregation": run_aggregation, "tws": run_tws}
