@@ -11,14 +11,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pyspark
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from pystatestore.store.errors import StateStoreError
@@ -310,6 +310,27 @@ class Expiring(StatefulProcessor):
         pass
 
 
+def run_until(
+    result: DataFrame, checkpoint: Path, out: dict[int, list[tuple]], done: Callable[[], bool], what: str
+) -> None:
+    """`result` on a 200 ms processing-time trigger, each batch's rows into `out`, until `done()`
+    (at most 180 s, else `what` fails the test); then stopped."""
+    query = (
+        result.writeStream.foreachBatch(lambda df, batch: out.__setitem__(batch, sorted(map(tuple, df.collect()))))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not done():
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, what
+            time.sleep(0.2)
+    finally:
+        query.stop()
+
+
 def run_expiring(spark: SparkSession, root: Path) -> list[list[tuple]]:
     """TTL needs processing time, where Spark runs a batch at every trigger (an availableNow query,
     or processAllAvailable, never ends): each run is a processing-time trigger stopped once the
@@ -323,31 +344,19 @@ def run_expiring(spark: SparkSession, root: Path) -> list[list[tuple]]:
         rows = [{"k": f"k{(b * 5 + i) % 7}", "v": b * 100 + i} for i in range(6)]
         (source / f"{b:03d}.json").write_text("\n".join(json.dumps(r) for r in rows))
         events = spark.readStream.schema("k string, v long").json(str(source))
-        query = (
-            events.groupBy("k")
-            .transformWithStateInPandas(
-                Expiring(retire=b >= 3),
-                outputStructType=OUTPUT,
-                outputMode="Update",
-                timeMode="ProcessingTime",
-                initialState=initial,
-            )
-            .writeStream.foreachBatch(lambda df, batch: out.__setitem__(batch, sorted(map(tuple, df.collect()))))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="200 milliseconds")
-            .start()
+        result = events.groupBy("k").transformWithStateInPandas(
+            Expiring(retire=b >= 3),
+            outputStructType=OUTPUT,
+            outputMode="Update",
+            timeMode="ProcessingTime",
+            initialState=initial,
         )
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert query.exception() is None, query.exception()
-                read = sorted(batch for batch, rows in out.items() if rows)
-                if len(read) > b and (checkpoint / "commits" / str(read[b])).exists():
-                    break
-                assert time.monotonic() < deadline, f"run {b}: no committed batch read the new file"
-                time.sleep(0.2)
-        finally:
-            query.stop()
+
+        def read_its_file(b: int = b) -> bool:
+            read = sorted(batch for batch, rows in out.items() if rows)
+            return len(read) > b and (checkpoint / "commits" / str(read[b])).exists()
+
+        run_until(result, checkpoint, out, read_its_file, f"run {b}: no committed batch read the new file")
     return [rows for _, rows in sorted(out.items()) if rows]
 
 
@@ -408,26 +417,18 @@ def run_pinger(spark: SparkSession, root: Path) -> list[list[tuple]]:
         rows = [{"k": f"k{(b * 3 + i) % 8}", "v": b * 10 + i} for i in range(5)]
         (source / f"{b:03d}.json").write_text("\n".join(json.dumps(r) for r in rows))
         events = spark.readStream.schema("k string, v long").json(str(source))
-        query = (
-            events.groupBy("k")
-            .transformWithState(Pinger(), outputStructType=OUTPUT, outputMode="Update", timeMode="ProcessingTime")
-            .writeStream.foreachBatch(lambda df, batch: out.__setitem__(batch, sorted(map(tuple, df.collect()))))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="200 milliseconds")
-            .start()
+        result = events.groupBy("k").transformWithState(
+            Pinger(), outputStructType=OUTPUT, outputMode="Update", timeMode="ProcessingTime"
         )
         started = set(out)
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert query.exception() is None, query.exception()
-                read = [batch for batch in sorted(set(out) - started) if any(r[1] == "input" for r in out[batch])]
-                if read and (checkpoint / "commits" / str(read[0] + 1)).exists() and read[0] + 1 in out:
-                    break
-                assert time.monotonic() < deadline, f"run {b}: the batch after the one that read its file never ran"
-                time.sleep(0.2)
-        finally:
-            query.stop()
+
+        def timers_fired(started: set[int] = started) -> bool:
+            read = [batch for batch in sorted(set(out) - started) if any(r[1] == "input" for r in out[batch])]
+            return bool(read) and (checkpoint / "commits" / str(read[0] + 1)).exists() and read[0] + 1 in out
+
+        run_until(
+            result, checkpoint, out, timers_fired, f"run {b}: the batch after the one that read its file never ran"
+        )
         runs.append(sorted(r for batch in sorted(set(out) - started) for r in out[batch]))
     return runs
 
