@@ -346,6 +346,11 @@ class StoreReader:
             else:
                 yield from state.items()
 
+    def state_pairs(self, version: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) of `version` in key order, as `state_table` reads them."""
+        state = self.state_table(version)
+        return zip(state.column("key").to_pylist(), state.column("value").to_pylist(), strict=True)
+
     def state_table(self, version: int) -> pa.Table:
         """Every (key, value) of `version` as one table in key order: from its changelog segments
         where they hold it all, else restored (see `pairs`)."""

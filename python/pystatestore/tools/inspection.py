@@ -205,9 +205,7 @@ def store_families(
         progress("counting column families", i, len(wanted))
         try:
             with StoreReader(n.location) as reader:
-                state = reader.state_table(n.version)
-                pairs = zip(state.column("key").to_pylist(), state.column("value").to_pylist(), strict=True)
-                out[n.location] = family_counts(pairs)
+                out[n.location] = family_counts(reader.state_pairs(n.version))
         except (StateStoreError, RowDecodeError, SchemaError) as e:
             out[n.location] = getattr(e, "problem", None) or str(e)
     progress("counting column families", len(wanted), len(wanted))

@@ -72,12 +72,7 @@ def read_state(
                 locations, version, progress, lambda reader, loc: _looked_up(reader, version, plan.by_partition[loc])
             )
         notice(f"scanning every partition for the key: {plan.scan_reason}")
-    return _read_stores(locations, version, progress, lambda reader, loc: _all_pairs(reader, version), keys)
-
-
-def _all_pairs(reader: StoreReader, version: int) -> Iterator[tuple[bytes, bytes]]:
-    state = reader.state_table(version)
-    return zip(state.column("key").to_pylist(), state.column("value").to_pylist(), strict=True)
+    return _read_stores(locations, version, progress, lambda reader, loc: reader.state_pairs(version), keys)
 
 
 def _looked_up(reader: StoreReader, version: int, stored_keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
@@ -111,7 +106,7 @@ def _read_family(
                     version=version,
                     advice="Leave out --family.",
                 )
-            pairs = list(_all_pairs(reader, version))
+            pairs = list(reader.state_pairs(version))
         families = registry(pairs)
         found |= families.keys()
         f = families.get(family) if family is not None else None
