@@ -166,14 +166,24 @@ def commit(
     base_manifest_id: str | None = None,
     *,
     num_keys: int | None = None,
+    num_internal_keys: int = 0,
 ) -> CommitResult:
-    """Commits as the JVM does: with the new version's key count and a view directory, which is
-    removed again (tests read versions through `state_of`)."""
+    """Commits as the JVM does: with the new version's key count (and, of them, those in internal
+    column families) and a view directory, which is removed again (tests read versions through
+    `state_of`)."""
     if num_keys is None:
         num_keys = count_after(backend, base_version, table, base_manifest_id)
     view = Path(backend.ctx.views_dir) / f"commit-{uuid.uuid4().hex}"
     try:
-        return backend.commit(base_version, table, attempt_id, base_manifest_id, num_keys=num_keys, view_dir=str(view))
+        return backend.commit(
+            base_version,
+            table,
+            attempt_id,
+            base_manifest_id,
+            num_keys=num_keys,
+            num_internal_keys=num_internal_keys,
+            view_dir=str(view),
+        )
     finally:
         shutil.rmtree(view, ignore_errors=True)
 

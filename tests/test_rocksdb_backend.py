@@ -199,6 +199,33 @@ def test_maintenance_materializes_a_snapshot_off_the_commit_path(store_dir: Path
     assert state_of(cold, 5) == state
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("compact_bytes", ["0", "1048576"])
+def test_the_internal_key_count_survives_snapshots_and_restores(
+    store_dir: Path, tmp_path: Path, mode: str, compact_bytes: str
+) -> None:
+    """The JVM's count of keys in internal column families (Spark's numKeys leaves them out) is
+    recorded with each version and comes back from every kind of load: the local DB, a restore
+    from a snapshot that maintenance made (a database or one segment), and changes replayed."""
+    b = make_backend(
+        "rocksdb", store_dir, tmp_path, retain=100, min_deltas=3, mode=mode,
+        options={"compactSnapshotMaxBytes": compact_bytes},
+    )  # fmt: skip
+    for v in range(1, 6):
+        puts = {f"k{v}-{i}".encode(): str(v).encode() for i in range(100)}
+        assert commit(b, v - 1, changes(puts), f"t{v}", num_internal_keys=7 * v).num_internal_keys == 7 * v
+        materialize_if_due(b)
+    assert b.load(5).num_internal_keys == 35
+    if mode == "changelog":
+        (snapshot,) = (store_dir / "snapshots").glob("3-*.json")
+        assert json.loads(snapshot.read_text())["num_internal_keys"] == 21
+    b.close()
+    for v in (5, 3, 4, 1):
+        cold = make_backend("rocksdb", store_dir, tmp_path / f"cold-{v}", options={"localRecovery": "false"})
+        assert cold.load(v).num_internal_keys == 7 * v, f"version {v}"
+        cold.close()
+
+
 @pytest.mark.parametrize("inline", [True, False])
 def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
     store_dir: Path, tmp_path: Path, inline: bool

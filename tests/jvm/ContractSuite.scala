@@ -494,6 +494,43 @@ object ContractSuite {
     }
   }
 
+  scenario("num_keys_leaves_internal_families_out_as_spark_counts_them") {
+    if (backend == "rocksdb") {
+      val dir = newDir()
+      def declare(s: StateStore): Unit = {
+        declareFamilies(s, Seq("plain", "listed"))
+        s.createColFamilyIfAbsent("$timers", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+          isInternal = true)
+      }
+      val p = provider(dir, useColumnFamilies = true)
+      val s0 = p.getStore(0)
+      declare(s0)
+      val reserved = expectThrows[Throwable]("a user's family named with $")(
+        s0.createColFamilyIfAbsent("$mine", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema)))
+      check(messages(reserved).contains("RESERVED_CHARS"), s"reserved name error: ${messages(reserved)}")
+      s0.put(key("a"), value(1), "plain"); s0.put(key("b"), value(2), "plain")
+      s0.merge(key("a"), value(3), "listed"); s0.merge(key("a"), value(4), "listed") // one key, two values
+      Seq("t1", "t2", "t3").foreach(t => s0.put(key(t), value(0), "$timers"))
+      s0.commit()
+      // Spark's RocksDB counts the keys of users' families only (a list is one key).
+      check(s0.metrics.numKeys == 3, s"numKeys after the first commit: ${s0.metrics.numKeys}, expected 3")
+      p.close()
+      val q = provider(dir, useColumnFamilies = true) // a restart: the counts come from the checkpoint
+      val s1 = q.getStore(1)
+      declare(s1)
+      check(s1.metrics.numKeys == 3, s"numKeys after a restart: ${s1.metrics.numKeys}, expected 3")
+      s1.remove(key("t1"), "$timers"); s1.put(key("t4"), value(0), "$timers"); s1.put(key("c"), value(5), "plain")
+      s1.commit()
+      check(s1.metrics.numKeys == 4, s"numKeys after timers moved and a key was added: ${s1.metrics.numKeys}")
+      q.close()
+      val again = provider(dir, useColumnFamilies = true)
+      val r = again.getStore(2)
+      check(r.metrics.numKeys == 4, s"numKeys of version 2 after a restart: ${r.metrics.numKeys}, expected 4")
+      r.abort()
+      again.close()
+    }
+  }
+
   scenario("a_removed_familys_id_is_never_given_again") {
     if (changelogCommits) {
       val p = provider(newDir(), useColumnFamilies = true)

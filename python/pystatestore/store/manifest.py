@@ -44,7 +44,7 @@ KEY_ENCODING_PREFIX = "prefix-v1"
 KEY_ENCODING_FAMILIES = "families-v1"
 KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX, KEY_ENCODING_FAMILIES)
 # Fields a changelog manifest leaves out when they hold these values (from_json's defaults).
-_DEFAULTS: dict[str, Any] = {"column_families": ["default"], "key_encoding": KEY_ENCODING_RAW}
+_DEFAULTS: dict[str, Any] = {"column_families": ["default"], "key_encoding": KEY_ENCODING_RAW, "num_internal_keys": 0}
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")
 
 
@@ -168,6 +168,9 @@ class Manifest:
     key_encoding: str = KEY_ENCODING_RAW
     format: int = FORMAT_VERSION
     kind: str = KIND_SNAPSHOT
+    # Of num_keys, those in Spark's internal column families (timers, TTL indexes) and our family
+    # registry: Spark reports numKeys without them, as its RocksDB provider does (numInternalKeys).
+    num_internal_keys: int = 0
     # changelog manifests: the attempt at `base_version` the changes apply to ("" for version 0)
     parent_manifest_id: str = ""
     changes: ChangesRef | None = None
@@ -273,6 +276,7 @@ class Manifest:
                 key_schema=str(doc.get("key_schema", "") if kind == KIND_CHANGELOG else doc["key_schema"]),
                 value_schema=str(doc.get("value_schema", "") if kind == KIND_CHANGELOG else doc["value_schema"]),
                 num_keys=int(doc["num_keys"]),
+                num_internal_keys=int(doc.get("num_internal_keys", 0)),
                 attempt_id=str(doc["attempt_id"]),
                 shared=refs["shared"],
                 private=refs["private"],

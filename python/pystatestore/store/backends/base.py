@@ -104,6 +104,7 @@ class StateBackend(abc.ABC):
         base_manifest_id: str | None = None,
         *,
         num_keys: int | None = None,
+        num_internal_keys: int = 0,
         view_dir: str | None = None,
         empty_base: bool = False,
     ) -> CommitResult:
@@ -111,7 +112,8 @@ class StateBackend(abc.ABC):
         base version the caller computed the changes on; a commit on a base another attempt has
         since replaced raises BaseVersionReplacedError. `num_keys` is the new version's key count
         as the caller (the JVM, which saw whether each key existed) computed it; view backends
-        need it and also leave the new version's read view at `view_dir`. With `empty_base` the
+        need it and also leave the new version's read view at `view_dir`. `num_internal_keys` (of
+        `num_keys`, those of internal column families) is recorded for the JVM's metrics. With `empty_base` the
         changes apply to an empty state, whatever the store holds at `base_version`, and the new
         version is a snapshot that needs no earlier version (Spark's `loadEmpty`: a state rewrite
         writes a store's whole state as one version)."""

@@ -74,6 +74,7 @@ class LoadResult:
     source: str
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
     manifest_id: str = ""  # which attempt's manifest this is ("" for version 0)
+    num_internal_keys: int = 0  # of num_keys, those in internal column families (Manifest)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class CommitResult:
     metrics: dict[str, int] = field(default_factory=dict)  # backend-specific, reported to Spark
     manifest_id: str = ""
     snapshot: bool = False  # the version was committed as a snapshot (restores need no changes replayed)
+    num_internal_keys: int = 0  # of num_keys, those in internal column families (Manifest)
 
 
 class ParsedManifests:

@@ -108,6 +108,7 @@ class MemoryBackend(StateBackend):
         base_manifest_id: str | None = None,
         *,
         num_keys: int | None = None,
+        num_internal_keys: int = 0,  # no column families on this backend: always 0
         view_dir: str | None = None,
         empty_base: bool = False,
     ) -> CommitResult:

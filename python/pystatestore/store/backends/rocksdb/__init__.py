@@ -124,6 +124,7 @@ class RocksDBBackend(StateBackend):
         base_manifest_id: str | None = None,
         *,
         num_keys: int | None = None,
+        num_internal_keys: int = 0,
         view_dir: str | None = None,
         empty_base: bool = False,
     ) -> CommitResult:
@@ -151,6 +152,7 @@ class RocksDBBackend(StateBackend):
                 checkpoint_dir,
                 view_dir,
                 empty_base=empty_base,
+                num_internal_keys=num_internal_keys,
             )
 
     def _rerun(self, version: int, base_manifest_id: str | None) -> bool:

@@ -51,6 +51,7 @@ def commit_under(
     view_dir: str | None,
     *,
     empty_base: bool = False,
+    num_internal_keys: int = 0,
 ) -> CommitResult:
     """The commit of version `base_version + 1` under the attempt's lease (see RocksDBBackend.commit)."""
     version = base_version + 1
@@ -60,7 +61,7 @@ def commit_under(
         # needs no local DB opened, ingested and checkpointed, only one segment.
         small, changes = small_whole_state(changes, COMPACT_COMMIT_FRAME_FACTOR * b.config.compact_snapshot_bytes)
         if small is not None:
-            return commit_compact_snapshot(b, lease, version, small, attempt_id, num_keys)
+            return commit_compact_snapshot(b, lease, version, small, attempt_id, num_keys, num_internal_keys)
     if empty_base:
         # Nothing of base_version is read: the version written is a snapshot of the changes alone.
         base, load_cost = ensure_at(b, 0)
@@ -115,6 +116,7 @@ def commit_under(
             manifest, uploaded = snapshot_of_checkpoint(
                 b, checkpoint_dir, version, num_keys, attempt_id, lease.token, reusable_for(b, base)
             )
+        manifest.num_internal_keys = num_internal_keys
         metrics["uploadMs"] = elapsed_ms(t)
         b._fault_point("commit:uploaded")
         t = time.perf_counter()
@@ -177,6 +179,7 @@ def commit_result(
         metrics,
         manifest_id=manifest.manifest_id,
         snapshot=not manifest.is_changelog,
+        num_internal_keys=manifest.num_internal_keys,
     )
 
 
@@ -199,7 +202,13 @@ def small_whole_state(changes: frames.Changes, limit: int) -> tuple[pa.Table | N
 
 
 def commit_compact_snapshot(
-    b: RocksDBBackend, lease: CommitLease, version: int, state: pa.Table, attempt_id: str, num_keys: int
+    b: RocksDBBackend,
+    lease: CommitLease,
+    version: int,
+    state: pa.Table,
+    attempt_id: str,
+    num_keys: int,
+    num_internal_keys: int,
 ) -> CommitResult:
     """Version `version` as a compact snapshot of `state` (a whole state on an empty base): its pairs
     in key order as one segment, inside the manifest or under changelog/. The local DB is left as it
@@ -215,7 +224,9 @@ def commit_compact_snapshot(
     metrics["uploadMs"] = elapsed_ms(t)
     b._fault_point("commit:uploaded")
     t = time.perf_counter()
-    manifest = replace(b.new_manifest(version, num_keys, attempt_id), changes=changes_ref)
+    manifest = replace(
+        b.new_manifest(version, num_keys, attempt_id), changes=changes_ref, num_internal_keys=num_internal_keys
+    )
     manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
     body = manifest.to_json()
     lease.check_before_publish()

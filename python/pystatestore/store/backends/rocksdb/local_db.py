@@ -33,7 +33,7 @@ class LocalDB:
         self.dir: Path | None = None
         self.version: int | None = None  # the committed version the DB holds exactly
         self.manifest_id: str | None = None  # None for version 0 (no manifest)
-        self.num_keys = 0
+        self.num_keys = self.num_internal_keys = 0
         # The snapshot manifest whose files (by local name) the DB still holds: what a new snapshot
         # of this DB may reuse instead of uploading. None for a DB of unknown descent.
         self.ancestor: Manifest | None = None
@@ -80,6 +80,7 @@ class LocalDB:
         self.version = version
         self.manifest_id = manifest.manifest_id if manifest else None
         self.num_keys = manifest.num_keys if manifest else 0
+        self.num_internal_keys = manifest.num_internal_keys if manifest else 0
 
     def forget_version(self) -> None:
         """The DB is being changed: until a commit succeeds it equals no manifest."""

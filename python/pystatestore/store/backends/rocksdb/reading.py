@@ -58,6 +58,7 @@ def leave_view(b: RocksDBBackend, target: Path | None, cost: dict[str, int]) -> 
         source,
         cost,
         manifest_id=b.db.manifest_id or "",
+        num_internal_keys=b.db.num_internal_keys,
     )
 
 

@@ -137,6 +137,7 @@ def snapshot_of_checkpoint(
             checkpoint_id=like.checkpoint_id,
             attempt_id=like.attempt_id,
             kind=KIND_SNAPSHOT,
+            num_internal_keys=like.num_internal_keys,
         )
     return manifest, uploaded
 
@@ -160,6 +161,7 @@ def compact_snapshot_of(
         checkpoint_id=m.checkpoint_id,
         kind=KIND_SNAPSHOT,
         changes=changes,
+        num_internal_keys=m.num_internal_keys,
     )
     return snapshot, uploaded
 

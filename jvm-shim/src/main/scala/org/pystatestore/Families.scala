@@ -10,6 +10,14 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 
+/** What a commit sends of one store or column family: its writes, its base, and whether its keys are internal. */
+final case class CommitPart(buffer: WriteBuffer, base: CommittedVersion, internal: Boolean)
+
+object FamilySpec {
+  /** Spark's internal families (timers, TTL indexes) are named with '$' first; users' may not be. */
+  def isInternalName(name: String): Boolean = name.startsWith("$")
+}
+
 /** What Spark declared of a column family (`createColFamilyIfAbsent`, or the store's own at init). */
 final case class FamilySpec(
     name: String,
@@ -310,11 +318,14 @@ final class StoreFamilies(provider: PythonStateStoreProviderCore, base: Committe
     }
 
   /** What the commit sends: the registry's changes, then each touched family's, in id order. */
-  def commitParts: Seq[(WriteBuffer, CommittedVersion)] = synchronized {
+  def commitParts: Seq[CommitPart] = synchronized {
     val registryPart =
-      if (registryWritten) Seq(registry -> base.family(FamilyRegistry.codec, FamilyRegistry.numValueFields))
-      else Nil
-    registryPart ++ byId.values.filter(_.buffer != null).map(f => f.buffer -> f.base)
+      if (registryWritten) {
+        Seq(CommitPart(registry, base.family(FamilyRegistry.codec, FamilyRegistry.numValueFields), internal = true))
+      } else Nil
+    registryPart ++ byId.values.filter(_.buffer != null).map { f =>
+      CommitPart(f.buffer, f.base, internal = FamilySpec.isInternalName(f.spec.name))
+    }
   }
 
   /** Whether this store created or removed a family (its commit is then a snapshot, as on Spark's RocksDB). */

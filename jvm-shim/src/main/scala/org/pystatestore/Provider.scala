@@ -433,7 +433,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = if (usesViews) {
         new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-          keyCodec, numValueFields, describeStore)
+          longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore)
       } else {
         val prefixOf = prefixSpec.map { spec =>
           val proj = spec.newProjection()
@@ -475,7 +475,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           viewDir.getAbsolutePath)
       }
       loaded(new RocksView(viewDir, endVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-        keyCodec, numValueFields, describeStore), reply, started)
+        longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore), reply, started)
     } catch {
       case NonFatal(e) =>
         StateWorker.deleteRecursively(viewDir)
@@ -491,7 +491,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    */
   private[pystatestore] def commitVersion(
       base: CommittedVersion,
-      parts: Seq[(WriteBuffer, CommittedVersion)],
+      parts: Seq[CommitPart],
       forceSnapshot: Boolean): (CommittedVersion, Map[String, Long]) = {
     val started = System.nanoTime()
     val newVersion = base.version + 1
@@ -500,6 +500,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     val puts = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
     val deletes = mutable.ArrayBuffer.empty[UnsafeRow]
     var numKeys = base.numKeys
+    var numInternalKeys = base.numInternalKeys
     var changedRows = 0L
     var lookedUp = 0L
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
@@ -512,7 +513,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val frameBytes = ArrowFrames.writeChanges(file) { out =>
         // Views' backend (rocksdb) writes the frame straight into a sorted SST file: sort it here.
         // Parts (column families) come in the order of their key prefixes.
-        for ((buffer, partBase) <- parts) buffer.foreachWrite(sorted = usesViews) {
+        for (CommitPart(buffer, partBase, internal) <- parts) buffer.foreachWrite(sorted = usesViews) {
             (flags, page, keyAt, keyLength, valueAt, valueLength) =>
           def key = buffer.decodeKey(page, keyAt, keyLength)
           val present = WriteBuffer.presentInBase(flags) {
@@ -521,7 +522,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           }
           val isDelete = WriteBuffer.isDelete(flags)
           if (!isDelete || present) { // deletes of absent keys are not sent
-            if (isDelete) numKeys -= 1 else if (!present) numKeys += 1
+            val counted = if (isDelete) -1 else if (!present) 1 else 0
+            numKeys += counted
+            if (internal) numInternalKeys += counted
             changedRows += 1
             if (heapBase.isDefined) {
               if (isDelete) deletes += key.copy()
@@ -541,7 +544,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val writtenAt = System.nanoTime()
       val reply = try {
         callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
-          svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys,
+          svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys, numInternalKeys,
             if (usesViews) viewDir.getAbsolutePath else "", forceSnapshot, emptyBase(base))
         }
       } catch {
@@ -571,7 +574,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           heap.applyChanges(newVersion, stringField(reply, "manifestId"), puts, deletes, prefixOf)
         case None =>
           new RocksView(viewDir, newVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-            keyCodec, numValueFields, describeStore)
+            longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore)
       }
       state.retain() // one reference for the cache, one for the caller
       remember(state)

@@ -26,7 +26,7 @@ trait PythonStateService {
    * RocksDB checkpoint of it at `viewDir` (a new directory the JVM owns from then on); the memory
    * backend writes its key/value pairs to `outPath` as an Arrow IPC stream with schema
    * (key: binary, value: binary). `checkpointId` names the attempt to load (Spark's checkpoint
-   * format v2; "" otherwise). Returns `{"manifestId", "numKeys", "bytes", "source", "loadMs"}`.
+   * format v2; "" otherwise). Returns `{"manifestId", "numKeys", "numInternalKeys", "bytes", "source", "loadMs"}`.
    */
   def load(handle: String, version: Long, checkpointId: String, outPath: String, viewDir: String): String
 
@@ -35,14 +35,16 @@ trait PythonStateService {
    * `baseVersion` and makes `baseVersion + 1` durable. Returns only once the manifest is written.
    * `baseManifestId` names the attempt at the base version the changes were computed on ("" for
    * version 0); the worker refuses the commit if another attempt has since replaced it.
-   * `numKeys` is the new version's key count (the JVM saw which keys existed). Backends read
+   * `numKeys` is the new version's key count (the JVM saw which keys existed), `numInternalKeys`
+   * those of them in internal column families (timers, TTL indexes, the family registry), which
+   * Spark's numKeys leaves out; both come back from loads and commits. Backends read
    * through views leave the new version's read view at `viewDir`. With `forceSnapshot` the call
    * returns only once the new version also has a snapshot (Spark 4.2's forceSnapshotOnCommit).
    * With `emptyBase` the changes are the whole new state: nothing of `baseVersion` is read, and the
    * new version needs no earlier one (Spark's loadEmpty).
    */
   def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
-      attemptId: String, numKeys: Long, viewDir: String, forceSnapshot: Boolean, emptyBase: Boolean): String
+      attemptId: String, numKeys: Long, numInternalKeys: Long, viewDir: String, forceSnapshot: Boolean, emptyBase: Boolean): String
 
   /**
    * The maintenance `parts` (comma-separated): `snapshot` makes a due snapshot of a changelog

@@ -36,6 +36,8 @@ trait CommittedVersion {
   def version: Long
   def manifestId: String
   def numKeys: Long
+  /** Of numKeys, those in internal column families (Spark's numKeys leaves them out). */
+  def numInternalKeys: Long = 0L
   def get(key: UnsafeRow): UnsafeRow
   def contains(key: UnsafeRow): Boolean = get(key) != null
   def pairs(): PairIterator
@@ -326,6 +328,7 @@ final class RocksView(
     val version: Long,
     val manifestId: String,
     val numKeys: Long,
+    override val numInternalKeys: Long,
     codec: KeyCodec,
     numValueFields: Int,
     describe: String) extends CommittedVersion with Logging {

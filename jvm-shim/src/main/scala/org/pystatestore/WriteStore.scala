@@ -149,6 +149,11 @@ abstract class PythonStateStoreCore(
       useMultipleValuesPerKey: Boolean,
       isInternal: Boolean): Unit = {
     if (families == null) throw SparkInternals.multipleColumnFamiliesNotSupported(ProviderCore.ProviderName)
+    // Names starting with '$' are Spark's own (timers, TTL indexes): counted apart (numKeys leaves
+    // them out), so a user's family may not take one, as Spark's RocksDB provider refuses it too.
+    if (!isInternal && FamilySpec.isInternalName(colFamilyName)) {
+      throw SparkInternals.cannotCreateColumnFamilyWithReservedChars(colFamilyName)
+    }
     provider.declareFamily(FamilySpec(colFamilyName, keySchema, valueSchema, keyStateEncoderSpec,
       useMultipleValuesPerKey))
     if (phase == Updating) families.create(colFamilyName)
@@ -158,7 +163,7 @@ abstract class PythonStateStoreCore(
     requireUpdating("commit")
     hold.check("commit")
     try {
-      val parts = if (families != null) families.commitParts else Seq(buffer -> base)
+      val parts = if (families != null) families.commitParts else Seq(CommitPart(buffer, base, internal = false))
       // Spark's RocksDB provider snapshots a version that created or removed a column family, and
       // its state reader's snapshotStartBatchId relies on it (PySpark's own suites read batch 0 so).
       val snapshot = forceSnapshot || (families != null && families.familiesChanged)
@@ -193,8 +198,9 @@ abstract class PythonStateStoreCore(
   override def metrics: StateStoreMetrics = {
     val state = committed
     val buffered = buffer.memoryBytes + (if (families != null) families.memoryBytes else 0L)
-    val (keys, memory) = if (state != null) (state.numKeys, state.memoryBytes + buffered)
-    else if (families != null) (base.numKeys, base.memoryBytes + buffered) // counted at commit
+    // Spark's numKeys: internal families (timers, TTL indexes, our registry) are left out.
+    val (keys, memory) = if (state != null) (state.numKeys - state.numInternalKeys, state.memoryBytes + buffered)
+    else if (families != null) (base.numKeys - base.numInternalKeys, base.memoryBytes + buffered) // counted at commit
     else {
       var n = base.numKeys
       // Exact, as the commit will count (Spark asks after committing; this is the rare case).

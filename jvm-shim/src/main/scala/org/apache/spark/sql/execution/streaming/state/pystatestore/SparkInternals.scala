@@ -34,6 +34,9 @@ object SparkInternals {
   def removingColumnFamiliesNotSupported(provider: String): Throwable =
     StateStoreErrors.removingColumnFamiliesNotSupported(provider)
 
+  def cannotCreateColumnFamilyWithReservedChars(family: String): Throwable =
+    StateStoreErrors.cannotCreateColumnFamilyWithReservedChars(family)
+
   def missingColumnFamily(operation: String, family: String): Throwable =
     StateStoreErrors.unsupportedOperationOnMissingColumnFamily(operation, family)
 
