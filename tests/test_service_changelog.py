@@ -49,7 +49,7 @@ def commit_ok(
         w.write_table(table)
     view = tmp_path / "local" / "views" / f"v{version}"
     base_id = manifest_id(tmp_path, version - 1) if version > 1 else ""
-    reply = json.loads(service.commit(handle, version - 1, base_id, str(frame), "a", keys, str(view)))
+    reply = json.loads(service.commit(handle, version - 1, base_id, str(frame), "a", keys, 0, str(view)))
     assert "error" not in reply, reply
     return reply
 
