@@ -357,6 +357,7 @@ def run_provider(
     partitions: int = PARTITIONS,
     checkpoint_format: int = 1,
     workload: str = "aggregation",
+    restarts: int = RESTARTS,
 ) -> dict[str, Any]:
     """One provider's load, steady batches and restarts on a fresh checkpoint, each query in its own JVM."""
     provider, confs = RUNS[name]
@@ -399,19 +400,19 @@ def run_provider(
         result["files_inline"] = statistics.median(custom_metric(p, "pystatestoreFilesInline", 0) for p in steady)
     # The restarts: each a new query in a new JVM on the same checkpoint processes one more file; its
     # first batch rebuilds every partition's state. One restart batch varied by ±20% between runs,
-    # so the report takes the median of RESTARTS of them.
-    restarts = []
-    for i in range(RESTARTS):
+    # so the report takes the median of `restarts` of them (RESTARTS by default).
+    restart_reports = []
+    for i in range(restarts):
         target = restart_input / f"batch-restart-{i}.parquet"
         shutil.copy(input_dir.parent / "restart-input" / target.name, target)
         os.utime(target, (1_800_000_000 + 10 * i, 1_800_000_000 + 10 * i))
         first = run_query_in_own_jvm(
             work, f"{tag}-restart{i}", sql_conf, restart_input, checkpoint, partitions=partitions, workload=workload
         )[0][0]
-        restarts.append(first)
-    result["restart_ms"] = statistics.median(r["durationMs"]["triggerExecution"] for r in restarts)
+        restart_reports.append(first)
+    result["restart_ms"] = statistics.median(r["durationMs"]["triggerExecution"] for r in restart_reports)
     for key, metric in RESTORE_METRICS.items():
-        result[key] = statistics.median(custom_metric(r, metric) for r in restarts)
+        result[key] = statistics.median(custom_metric(r, metric) for r in restart_reports)
     shutil.rmtree(checkpoint, ignore_errors=True)
     shutil.rmtree(restart_input, ignore_errors=True)
     shutil.rmtree(work / f"recovery-{tag}", ignore_errors=True)
@@ -460,6 +461,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=PARTITIONS, help="shuffle partitions (Spark's default: 200)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every provider, in rotating order")
+    ap.add_argument(
+        "--restarts", type=int, choices=range(1, RESTARTS + 1), default=RESTARTS, help="restarts per run (median)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
     ap.add_argument(
@@ -508,7 +512,16 @@ def main() -> None:
         for name in order:
             print(f"bench: repeat {repeat + 1}/{args.repeat}: {name}", flush=True)
             per_run[name].append(
-                run_provider(name, work / "input", work, repeat, args.partitions, args.checkpoint_format, args.workload)
+                run_provider(
+                    name,
+                    work / "input",
+                    work,
+                    repeat,
+                    args.partitions,
+                    args.checkpoint_format,
+                    args.workload,
+                    args.restarts,
+                )
             )
     shutil.rmtree(work, ignore_errors=True)
     results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
@@ -521,6 +534,7 @@ def main() -> None:
         + (f" --checkpoint-format {args.checkpoint_format}" if args.checkpoint_format != 1 else "")
         + (f" --workload {args.workload}" if args.workload != "aggregation" else "")
         + (f" --runs {args.runs}" if args.runs else "")
+        + (f" --restarts {args.restarts}" if args.restarts != RESTARTS else "")
     )
     lines = [
         f"# pystatestore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -531,7 +545,7 @@ def main() -> None:
         f"# workload: {WORKLOAD_TEXT[args.workload]}; {args.keys} keys of state, {touched} keys ({args.touched_pct}%) "
         "updated per batch, "
         f"{args.batches} batches; medians over batches {WARMUP_BATCHES + 1}..{args.batches}; then "
-        f"{RESTARTS} restarts (median), each a new query in a new JVM",
+        f"{args.restarts} restarts (median), each a new query in a new JVM",
         f"# every query in a JVM of its own; {args.repeat} repeats in rotating order ("
         + "; ".join(", ".join(order) for order in orders)
         + "); figures are medians over the repeats",
@@ -553,7 +567,7 @@ def main() -> None:
         "",
         "(commit p50: per partition per batch; replayed: changelog versions pystatestore replayed on top of",
         "snapshots to rebuild all partitions in a restart batch; restart ms, replayed and restored bytes: medians",
-        f"of {RESTARTS} restarts; Spark's providers restore from the checkpoint, their local copies died with",
+        f"of {args.restarts} restarts; Spark's providers restore from the checkpoint, their local copies died with",
         "the JVM; ours from the local recovery copies on this host, and the checkpoint for anything they lack;",
         "worker: the time our workers spent restoring, all partitions together; the rest of a restart batch is",
         "a new JVM's first batch)",
