@@ -226,6 +226,25 @@ def test_the_internal_key_count_survives_snapshots_and_restores(
         cold.close()
 
 
+def test_a_snapshot_after_small_commits_reuses_the_stores_big_file(store_dir: Path, tmp_path: Path) -> None:
+    """Commits touching 1% of the keys each, well past the compaction trigger, must not rewrite the
+    whole store: the next snapshot uploads the small runs merged since the last one, not the store
+    again (leveled compaction merged every commit's file into the one big file, so every snapshot
+    re-uploaded the whole store)."""
+    b = make_backend("rocksdb", store_dir, tmp_path, min_deltas=10, options={"compactSnapshotMaxBytes": "0"})
+    rnd = random.Random(7)
+    keys = [f"k{i:07d}".encode() for i in range(20_000)]
+    uploads = []
+    for v in range(1, 31):
+        touched = keys if v == 1 else rnd.sample(keys, 200)
+        commit(b, v - 1, changes({k: rnd.randbytes(40) for k in touched}), f"t{v}")
+        job = materialize_if_due(b)
+        if job is not None:
+            uploads.append(job.metrics["materializeBytesUploaded"])
+    assert len(uploads) == 3, uploads  # versions 10, 20 and 30
+    assert max(uploads[1:]) < 0.5 * uploads[0], f"snapshot uploads {uploads}: later snapshots re-uploaded the store"
+
+
 @pytest.mark.parametrize("inline", [True, False])
 def test_a_small_store_is_snapshotted_as_one_segment_of_its_state(
     store_dir: Path, tmp_path: Path, inline: bool

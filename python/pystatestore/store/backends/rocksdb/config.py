@@ -13,6 +13,11 @@ from ...errors import StoreConfigError
 
 DEFAULT_TRANSFER_THREADS = 4
 DEFAULT_L0_COMPACTION_TRIGGER = 8
+# Universal (size-tiered) compaction: a commit's ingested SST is merged with runs of its own size, and
+# the big oldest run is rewritten only once the newer runs add up to this share of it. Leveled
+# compaction rewrote most of a store every few commits (each L0->L1 compaction overlaps every L1
+# file when keys are spread), so each snapshot uploaded the whole store again.
+MAX_SIZE_AMPLIFICATION_PERCENT = 50
 # Table format the JVM's reader understands: Spark 4.1 ships rocksdbjni 9.8.4, older than the
 # RocksDB inside rocksdict (10.x). Format 5 is read by every RocksDB since 6.6.
 TABLE_FORMAT_VERSION = 5
@@ -115,7 +120,11 @@ def db_options(l0_trigger: int, *, create: bool) -> rocksdict.Options:
     """The options of a local DB (and of the SST files ingested into it)."""
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(create)
-    opts.set_level_zero_file_num_compaction_trigger(l0_trigger)
+    opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
+    universal = rocksdict.UniversalCompactOptions()
+    universal.max_size_amplification_percent = MAX_SIZE_AMPLIFICATION_PERCENT
+    opts.set_universal_compaction_options(universal)
+    opts.set_level_zero_file_num_compaction_trigger(l0_trigger)  # sorted runs before a compaction
     opts.set_level_zero_slowdown_writes_trigger(max(20, l0_trigger * 3))
     opts.set_level_zero_stop_writes_trigger(max(36, l0_trigger * 5))
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
