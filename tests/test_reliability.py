@@ -845,7 +845,7 @@ def start_stuck_commit(service: StoreService, handle: str, tmp_path: Path) -> tu
     frames.write_buffer(str(frame), _frame_bytes())
     (tmp_path / "l" / "views").mkdir(parents=True, exist_ok=True)
     view = str(tmp_path / "l" / "views" / "v1")
-    stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a", 1, view), daemon=True)
+    stuck = threading.Thread(target=service.commit, args=(handle, 0, "", str(frame), "a", 1, 0, view), daemon=True)
     stuck.start()
     assert reached.wait(60), "the commit did not reach its uploads within 60 s"
     return release, stuck
