@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.spark
+# slow (4 minutes): scripts/test.sh leaves it out; `bash scripts/test.sh -m ""` runs it. The fault
+# cases themselves run in every test command through test_faults, test_reliability and
+# test_local_recovery_spark.
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 # dedup + executor kill + worker exit mid-restore + slow upload; applyInPandasWithState + executor
 # kills + local copy deleted; join + partial download + worker exit mid-commit + tiny grace

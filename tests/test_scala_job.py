@@ -25,7 +25,11 @@ def read_batches(path: Path) -> dict[int, str]:
     return batches
 
 
-@pytest.mark.parametrize("master", MASTERS)
+# On local[2] the job runs the same provider code in one JVM: slow-marked (scripts/test.sh leaves it
+# out), local-cluster runs in every test command.
+@pytest.mark.parametrize(
+    "master", [pytest.param(m, marks=pytest.mark.slow) if m == "local[2]" and len(MASTERS) > 1 else m for m in MASTERS]
+)
 def test_sessionization_matches_builtin_across_restart(master: str, tmp_path: Path) -> None:
     jar = compile_test_jar("sessionization", [ROOT / "tests" / "jvm" / "Sessionization.scala"])
     input_dir = tmp_path / "in"
