@@ -86,6 +86,7 @@ BREAKDOWN = [
     ("upload new files", "pystatestoreUploadMs"),
     ("write manifest", "pystatestoreManifestMs"),
     ("Python worker total", "pystatestoreWorkerCommitMs"),
+    ("the call to the worker, seen by the JVM", "pystatestoreWorkerCallMs"),
     ("JVM: write Arrow change frame", "pystatestoreBridgeMs"),
     ("whole commit seen by the task", "pystatestoreCommitMs"),
 ]

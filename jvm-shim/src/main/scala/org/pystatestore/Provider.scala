@@ -430,6 +430,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         svc.load(h, version, uniqueId.getOrElse(""), file.getAbsolutePath,
           if (usesViews) viewDir.getAbsolutePath else "")
       }
+      val repliedAt = System.nanoTime()
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = if (usesViews) {
         new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
@@ -560,6 +561,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           StateWorker.deleteRecursively(viewDir)
           throw e
       }
+      val repliedAt = System.nanoTime()
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       versionField(reply, "snapshotVersion").foreach(snapshotMade)
       if (reply \ "snapshotDue" == JBool(true)) requestSnapshot()
@@ -586,6 +588,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       (state, replyMetrics(reply) ++ Map(
         MetricCommitMs -> (done - started) / 1000000,
         MetricBridgeMs -> (writtenAt - started) / 1000000,
+        MetricWorkerCallMs -> (repliedAt - writtenAt) / 1000000,
         MetricChangedRows -> changedRows,
         MetricKeysLookedUp -> lookedUp,
         MetricFrameBytes -> frameBytes,

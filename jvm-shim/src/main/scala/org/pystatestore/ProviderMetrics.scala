@@ -14,6 +14,7 @@ object ProviderMetrics {
   val MetricCommitMs = "pystatestoreCommitMs"
   val MetricBridgeMs = "pystatestoreBridgeMs"
   val MetricWorkerCommitMs = "pystatestoreWorkerCommitMs"
+  val MetricWorkerCallMs = "pystatestoreWorkerCallMs"
   val MetricBytesWritten = "pystatestoreBytesWritten"
   val MetricChangedRows = "pystatestoreChangedRows"
   val MetricFrameBytes = "pystatestoreFrameBytes"
@@ -60,6 +61,8 @@ object ProviderMetrics {
       "pystatestore: time to write the commit's Arrow frame in the JVM"),
     StateStoreCustomTimingMetric(MetricWorkerCommitMs,
       "pystatestore: time the Python worker took to make the version durable"),
+    StateStoreCustomTimingMetric(MetricWorkerCallMs,
+      "pystatestore: the commit's call to the worker as the JVM sees it (worker time + transport)"),
     StateStoreCustomSizeMetric(MetricBytesWritten,
       "pystatestore: bytes written to checkpoint storage by commits"),
     StateStoreCustomSumMetric(MetricChangedRows,
