@@ -346,6 +346,13 @@ def child(args: argparse.Namespace) -> None:
             result["restored_local_bytes"] = restored.get("pystatestoreRestoreLocalBytes")
             result["restored_remote_bytes"] = restored.get("pystatestoreRestoreRemoteBytes")
             result["keys_after_restart"] = restarted[0]["stateOperators"][0]["numRowsTotal"]
+            # Where the restart batch's time went: Spark's split of the batch, the state operator's
+            # own times, and ours (restore, load) from the custom metrics.
+            result["restart_split"] = {
+                **{f"batch {k}": v for k, v in restarted[0]["durationMs"].items()},
+                **{k: v for k, v in restarted[0]["stateOperators"][0].items() if k.endswith("TimeMs")},
+                **{k: v for k, v in restored.items() if k.endswith("Ms")},
+            }
             if args.check_state:
                 result["state_check"] = check_state(spark, checkpoint, args.keys_per_batch, args.batches)
             result["completed"] = True
@@ -528,6 +535,10 @@ def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
             else:
                 where = "the checkpoint (new provider instances of the restarted query, nothing local)"
             lines.append(f"  {r['provider']} restart restored its state from: {where}")
+            split = r.get("restart_split") or {}
+            if split:
+                parts = ", ".join(f"{k} {v:,}" for k, v in split.items() if v)
+                lines.append(f"  {r['provider']} restart batch (ms; state times summed over partitions): {parts}")
         if r.get("error"):
             lines.append(f"  {r['provider']} failed after {len(batches)} batches: {r['error'][:300]}")
     base = next((r for r in results if r["provider"] == BASELINE), None)

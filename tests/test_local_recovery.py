@@ -128,6 +128,35 @@ def test_changelog_commits_keep_a_copy_every_interval_and_restores_replay_the_re
     assert state_of(b, 9) == expected
 
 
+def test_changelog_commits_of_many_rows_keep_a_copy_whatever_the_interval(tmp_path: Path) -> None:
+    """A restore replays every version after its copy: once the versions since the last copy hold
+    100,000 rows (one bulk commit, or two of 60,000), the commit keeps a copy, so a restart after a
+    backlog does not replay it (partition 1, interval 4: version 3 keeps one by the interval)."""
+    b = make_backend(
+        "rocksdb",
+        tmp_path / "store",
+        tmp_path / "w1",
+        options={
+            "localRecoveryDir": str(tmp_path / "rec"),
+            "localRecoveryVersions": "10",
+            "localRecoveryInterval": "4",
+        },
+        mode="changelog",
+    )
+    sizes = {1: 60_000, 2: 60_000, 3: 1, 4: 120_000, 5: 1, 6: 50_000}  # a copy starts the count again
+    state: dict[bytes, bytes] = {}
+    for version, rows in sizes.items():
+        puts = {f"v{version}-{i:06d}".encode(): b"x" for i in range(rows)}
+        commit(b, version - 1, changes(puts), f"t{version}")
+        state.update(puts)
+    b.close()
+    copies = sorted(int(m.parent.name.split("-")[0]) for m in (tmp_path / "rec").rglob(MARKER))
+    assert copies == [2, 3, 4]
+    restored, result = restore(tmp_path / "store", tmp_path / "w2", tmp_path / "rec", 6)
+    assert result.source == "local-copy" and result.metrics["restoreChangelogVersions"] == 2
+    assert state_of(restored, 6) == state
+
+
 def test_snapshot_commits_keep_a_copy_of_every_version(tmp_path: Path) -> None:
     commit_versions(tmp_path / "store", tmp_path / "w1", tmp_path / "rec", n=4, keep=4, mode="snapshot", interval=4)
     copies = sorted(int(m.parent.name.split("-")[0]) for m in (tmp_path / "rec").rglob(MARKER))

@@ -69,6 +69,9 @@ class RocksDBBackend(StateBackend):
         work_dir = Path(tempfile.mkdtemp(prefix=f"op{self.ctx.operator_id}-p{self.ctx.partition_id}-", dir=base))
         self.db = LocalDB(work_dir, store, self.config.l0_trigger)
         self.local_copies: LocalRecoveryStore | None = None
+        # Changelog rows committed since this instance last kept a local copy: what a restore from
+        # that copy would replay (commit.local_copy_due).
+        self.rows_since_local_copy = 0
         if opts.get("localRecovery", "true").lower() == "true":
             self.local_copies = LocalRecoveryStore(
                 Path(opts.get("localRecoveryDir") or default_root(self.ctx.host_dir)),
