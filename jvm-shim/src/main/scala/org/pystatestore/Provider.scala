@@ -430,7 +430,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         svc.load(h, version, uniqueId.getOrElse(""), file.getAbsolutePath,
           if (usesViews) viewDir.getAbsolutePath else "")
       }
-      val repliedAt = System.nanoTime()
       RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
       val state: CommittedVersion = if (usesViews) {
         new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
