@@ -50,6 +50,23 @@ object ArrowFrames {
     }
   }
 
+  /**
+   * Writes a one-row change frame to nowhere: loads and initializes Arrow's allocator and IPC
+   * writer, which cost a fresh JVM about a second the first time (StateWorker.prestart).
+   */
+  def warmUp(): Unit = {
+    val root = VectorSchemaRoot.create(changeSchema, allocator)
+    try {
+      val writer = new ArrowStreamWriter(root, null, Channels.newChannel(java.io.OutputStream.nullOutputStream()))
+      writer.start()
+      val changes = new ChangeWriter(root, writer)
+      changes.put(Array[Byte](0), 0, 1, Array[Byte](0), 0, 1)
+      changes.flush()
+      writer.end()
+      writer.close()
+    } finally root.close()
+  }
+
   /** Appends changes to a change frame in batches of `BatchRows`. */
   final class ChangeWriter private[ArrowFrames] (root: VectorSchemaRoot, writer: ArrowStreamWriter) {
     private val ops = root.getVector("op").asInstanceOf[TinyIntVector]

@@ -137,6 +137,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     laggingAfterVersions = ProviderConf.laggingAfterVersions(storeConfs)
     workerOptions = ProviderConf.workerOptions(storeConfs)
     storeDescription = describeForWorker()
+    // In a task, the store's first call will need its worker: start it while the task reads its
+    // input. Elsewhere (a provider Spark only inspects) no worker is started before it is needed.
+    if (org.apache.spark.TaskContext.get() != null) StateWorker.prestart(launchSpec, stateStoreId.partitionId)
   }
 
   private var workerOptions: List[(String, JValue)] = Nil
@@ -504,6 +507,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     var changedRows = 0L
     var lookedUp = 0L
     val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
+    val acquiredAt = System.nanoTime() // after a worker start, if this commit had to wait for one
     val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$newVersion-${UUID.randomUUID()}")
     try {
@@ -586,7 +590,8 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       val done = System.nanoTime()
       (state, replyMetrics(reply) ++ Map(
         MetricCommitMs -> (done - started) / 1000000,
-        MetricBridgeMs -> (writtenAt - started) / 1000000,
+        MetricWorkerStartMs -> (acquiredAt - started) / 1000000,
+        MetricBridgeMs -> (writtenAt - acquiredAt) / 1000000,
         MetricWorkerCallMs -> (repliedAt - writtenAt) / 1000000,
         MetricChangedRows -> changedRows,
         MetricKeysLookedUp -> lookedUp,

@@ -13,6 +13,7 @@ object ProviderMetrics {
 
   val MetricCommitMs = "pystatestoreCommitMs"
   val MetricBridgeMs = "pystatestoreBridgeMs"
+  val MetricWorkerStartMs = "pystatestoreWorkerStartMs"
   val MetricWorkerCommitMs = "pystatestoreWorkerCommitMs"
   val MetricWorkerCallMs = "pystatestoreWorkerCallMs"
   val MetricBytesWritten = "pystatestoreBytesWritten"
@@ -57,6 +58,8 @@ object ProviderMetrics {
   val AllCustomMetrics: Seq[StateStoreCustomMetric] = Seq(
     StateStoreCustomTimingMetric(MetricCommitMs,
       "pystatestore: commit latency seen by the task (frame + worker)"),
+    StateStoreCustomTimingMetric(MetricWorkerStartMs,
+      "pystatestore: commit time waiting for a state worker to start (the JVM's first stores, or after a worker died)"),
     StateStoreCustomTimingMetric(MetricBridgeMs,
       "pystatestore: time to write the commit's Arrow frame in the JVM"),
     StateStoreCustomTimingMetric(MetricWorkerCommitMs,

@@ -6,7 +6,7 @@ import java.nio.charset.StandardCharsets
 import java.nio.file.Files
 import java.nio.file.attribute.PosixFilePermissions
 import java.security.SecureRandom
-import java.util.concurrent.{CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit, TimeoutException}
+import java.util.concurrent.{CompletableFuture, CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit, TimeoutException}
 import java.util.concurrent.atomic.AtomicInteger
 
 import scala.util.control.NonFatal
@@ -201,6 +201,8 @@ object StateWorker extends Logging {
     "ARROW_DEFAULT_MEMORY_POOL" -> "system")
   /** Sized by the first store to acquire a worker (as the interpreter is); slots start empty. */
   private var pool: Array[RunningWorker] = _
+  /** Per slot, a worker start in flight (its outcome), or null. */
+  private var starting: Array[CompletableFuture[RunningWorker]] = _
   private var generations = 0
   private var anyDiedAbnormally = false
   private implicit val formats: Formats = DefaultFormats
@@ -230,32 +232,93 @@ object StateWorker extends Logging {
   }
 
   private def poolFor(spec: WorkerLaunchSpec): Array[RunningWorker] = {
-    if (pool == null) pool = new Array[RunningWorker](spec.workers)
-    else if (spec.workers != pool.length) {
+    if (pool == null) {
+      pool = new Array[RunningWorker](spec.workers)
+      starting = new Array[CompletableFuture[RunningWorker]](spec.workers)
+    } else if (spec.workers != pool.length) {
       logDebug(s"pystatestore: ${pool.length} workers were started by the first store; ignoring workers=${spec.workers}")
     }
     pool
   }
 
-  /** Returns the live worker of a partition's slot, starting one if there is none or it died. */
-  def acquire(spec: WorkerLaunchSpec, partitionId: Int): RunningWorker = synchronized {
-    val workers = poolFor(spec)
-    val slot = Math.floorMod(partitionId, workers.length)
-    val current = workers(slot)
-    if (current == null || !current.isUsable) {
-      if (current != null) {
-        if (!current.process.isAlive) current.diedAbnormally = true
-        anyDiedAbnormally ||= current.diedAbnormally
-        logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
-        current.shutdown()
-        // Its local databases are nobody's now (views are the JVM's and live elsewhere): only its
-        // log is worth keeping.
-        deleteRecursively(current.localStateDir)
-        deleteRecursively(current.exchangeDir)
+  /**
+   * Returns the live worker of a partition's slot, starting one if there is none or it died. A
+   * start holds only its slot: the other slots' stores go on, and start their own workers side by
+   * side. A caller that finds a start in flight (another task's, or a prestart) waits for it and
+   * gets its outcome, its failure included: a worker that cannot start is never waited for twice.
+   */
+  def acquire(spec: WorkerLaunchSpec, partitionId: Int): RunningWorker = {
+    val (slot, outcome, mine) = synchronized {
+      val workers = poolFor(spec)
+      val slot = Math.floorMod(partitionId, workers.length)
+      val current = workers(slot)
+      if (current != null && current.isUsable) (slot, CompletableFuture.completedFuture(current), false)
+      else if (starting(slot) != null) (slot, starting(slot), false)
+      else {
+        if (current != null) {
+          if (!current.process.isAlive) current.diedAbnormally = true
+          anyDiedAbnormally ||= current.diedAbnormally
+          logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
+          current.shutdown()
+          // Its local databases are nobody's now (views are the JVM's and live elsewhere): only its
+          // log is worth keeping.
+          deleteRecursively(current.localStateDir)
+          deleteRecursively(current.exchangeDir)
+          workers(slot) = null
+        }
+        starting(slot) = new CompletableFuture[RunningWorker]()
+        (slot, starting(slot), true)
       }
-      workers(slot) = start(spec, slot)
     }
-    workers(slot)
+    if (mine) {
+      try {
+        val worker = start(spec, slot)
+        synchronized { pool(slot) = worker; starting(slot) = null }
+        outcome.complete(worker)
+      } catch {
+        case e: Throwable =>
+          synchronized { starting(slot) = null }
+          outcome.completeExceptionally(e)
+          throw e
+      }
+    }
+    try outcome.get() catch { case e: ExecutionException => throw e.getCause }
+  }
+
+  /** Daemon threads that start workers ahead of a store's first call (`prestart`). */
+  private val prestartThreads = Executors.newCachedThreadPool(new ThreadFactory {
+    private val n = new AtomicInteger()
+    override def newThread(r: Runnable): Thread = {
+      val t = new Thread(r, s"pystatestore-prestart-${n.incrementAndGet()}")
+      t.setDaemon(true)
+      t
+    }
+  })
+  private val warmedUp = new java.util.concurrent.atomic.AtomicBoolean(false)
+
+  /**
+   * Starts the slot's worker in the background if it has none, and warms the JVM's side of the
+   * bridge once per JVM (Arrow's allocator and IPC writer): a task opens its store before it consumes its input, so these overlap
+   * that work instead of waiting in the first commit (about a second in a fresh JVM, measured by
+   * scripts/bench_bulk_load.py). A failed start is logged here; the store's own call starts again
+   * (or joins a start still in flight) and fails with the error that names what to do.
+   */
+  def prestart(spec: WorkerLaunchSpec, partitionId: Int): Unit = {
+    if (warmedUp.compareAndSet(false, true)) {
+      prestartThreads.submit(new Runnable {
+        override def run(): Unit = try ArrowFrames.warmUp() catch { case NonFatal(e) => logDebug(s"pystatestore: warming up the bridge failed: $e") }
+      })
+    }
+    val needed = synchronized {
+      val workers = poolFor(spec)
+      val slot = Math.floorMod(partitionId, workers.length)
+      (workers(slot) == null || !workers(slot).isUsable) && starting(slot) == null
+    }
+    if (needed) prestartThreads.submit(new Runnable {
+      override def run(): Unit = try acquire(spec, partitionId) catch {
+        case NonFatal(e) => logWarning(s"pystatestore: could not start a state worker ahead of its first call: ${e.getMessage}")
+      }
+    })
   }
 
   /** For tests and the fault suite: the workers started and not replaced yet. */
@@ -420,10 +483,10 @@ object StateWorker extends Logging {
   }
 
   private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
-    generations += 1
+    val generation = synchronized { generations += 1; generations }
     val root = workRoot()
-    val exchangeDir = Files.createTempDirectory(root.toPath, s"xfer-$generations-").toFile
-    val logFile = new File(root, s"worker-$generations.log")
+    val exchangeDir = Files.createTempDirectory(root.toPath, s"xfer-$generation-").toFile
+    val logFile = new File(root, s"worker-$generation.log")
     val token = newToken()
     val registration = new WorkerRegistration(token)
     // Gateway threads inherit this loader, so Py4J can resolve our interface by name even when
@@ -495,7 +558,7 @@ object StateWorker extends Logging {
           s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath.",
         null)
     }
-    val worker = new RunningWorker(generations, slot, process, logFile, exchangeDir, server, service.get)
+    val worker = new RunningWorker(generation, slot, process, logFile, exchangeDir, server, service.get)
     checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at $logFile")
     worker
