@@ -19,13 +19,18 @@ live in the dead JVM's temporary directory); pystatestore restores from its loca
 when they are intact, and the report says how many bytes came from each.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
-                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--workload aggregation|tws] [--out FILE]
+                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--workload aggregation|tws|sessions]
+                                      [--runs NAME,...] [--out FILE]
 
 --workload tws (Spark 4.1: 4.2+ refuse transformWithState on any provider but their RocksDB one) runs
 a transformWithStateInPandas session buffer instead: per key a count (ValueState), its events
 (ListState, appended to) and an event-time timer an hour after the key's newest event (moved on each
 input: the timer and its ValueState), with a watermark on the events' time; Spark's HDFS provider
 has no column families and sits out.
+
+--workload sessions runs applyInPandasWithState keeping a session's event buffer per key: a count and
+its newest 64 events of 64 bytes each as one string, about 4 KiB of state per key (a new key starts
+from 64 events of history), rewritten whenever the key has input: the large-value case.
 
 --pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
 scripts/build_jar.py, and our jar for it) against that minor's own built-in providers.
@@ -281,11 +286,60 @@ def run_tws(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict
     return run_to_the_end(buffered, checkpoint)
 
 
-WORKLOADS = {"aggregation": run_aggregation, "tws": run_tws}
+# The sessions workload: a session's event buffer of about 4 KiB per key (issue 34, large values).
+EVENT_BYTES = 64
+SESSION_EVENTS = 64
+EVENT_KINDS = ("view", "click", "cart", "search", "scroll", "buy")
+
+
+def session_event(key: int, value: int, ts_ms: int) -> str:
+    """One event as a session buffer keeps it: fixed-width text, as compressible as a log line."""
+    page = (key * 7919 + value * 104729) % 1_000_003
+    request = ((key * 0x9E3779B97F4A7C15) ^ (ts_ms * 0xBF58476D1CE4E5B9) ^ value) & 0xFFFFFFFFFFFFFFFF
+    return f"{ts_ms:013d}|{EVENT_KINDS[value % 6]:<6}|/p/{page:07d}|v={value:04d}|rid={request:016x}|".ljust(
+        EVENT_BYTES, "-"
+    )
+
+
+def session_buffer(key: tuple, frames, state):  # noqa: ANN001, ANN201 - applyInPandasWithState's function
+    """Per key: how many events it had, and its newest SESSION_EVENTS events (a new key starts from
+    its history, as a query started over a backlog would have it), about 4 KiB of state."""
+    import pandas as pd
+
+    k = int(key[0])
+    if state.exists:
+        n, events = state.get
+    else:
+        n, events = 0, "".join(session_event(k, h, h * 1000) for h in range(SESSION_EVENTS))
+    for frame in frames:
+        ts = frame["ts"].values.astype("datetime64[ms]").astype("int64")  # whatever unit pandas gave
+        events += "".join(session_event(k, int(v), int(t)) for v, t in zip(frame["value"], ts, strict=True))
+        n += len(frame)
+    state.update((n, events[-SESSION_EVENTS * EVENT_BYTES :]))
+    yield pd.DataFrame({"key": [k], "n": [n]})
+
+
+def run_sessions(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
+    """applyInPandasWithState keeping each key's newest events (about 4 KiB), one file per batch;
+    returns the progress reports of batches that had input."""
+    source = (
+        spark.readStream.schema("key long, value long, ts timestamp")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(input_dir))
+    )
+    sessions = source.groupBy("key").applyInPandasWithState(
+        session_buffer, "key long, n long", "n long, events string", "update", "NoTimeout"
+    )
+    return run_to_the_end(sessions, checkpoint)
+
+
+WORKLOADS = {"aggregation": run_aggregation, "tws": run_tws, "sessions": run_sessions}
 WORKLOAD_TEXT = {
     "aggregation": "groupBy(key).agg(count, sum)",
     "tws": "transformWithStateInPandas: per key a count, its events in a ListState, an event-time timer moved "
     "on each input",
+    "sessions": f"applyInPandasWithState: per key a count and its newest {SESSION_EVENTS} events of "
+    f"{EVENT_BYTES} bytes as a string (about {SESSION_EVENTS * EVENT_BYTES // 1024} KiB of state per key)",
 }
 
 
@@ -501,7 +555,8 @@ def main() -> None:
         "--workload",
         choices=list(WORKLOADS),
         default="aggregation",
-        help="tws: a transformWithStateInPandas session buffer (ListState, a ValueState, event-time timers); 4.1 only",
+        help="tws: a transformWithStateInPandas session buffer (ListState, a ValueState, event-time timers); 4.1 "
+        "only. sessions: applyInPandasWithState keeping about 4 KiB of events per key (large values)",
     )
     ap.add_argument(
         "--runs",
@@ -520,7 +575,7 @@ def main() -> None:
     write_inputs(work / "input", args.keys, touched, args.batches)
 
     # Spark's HDFS provider has no checkpoint ids (format 2) and no column families (transformWithState).
-    names = [n for n in RUNS if (args.checkpoint_format == 1 and args.workload == "aggregation") or RUNS[n][0] != HDFS]
+    names = [n for n in RUNS if (args.checkpoint_format == 1 and args.workload != "tws") or RUNS[n][0] != HDFS]
     if args.runs:
         asked = args.runs.split(",")
         if unknown := [n for n in asked if n not in names]:
