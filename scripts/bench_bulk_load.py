@@ -32,7 +32,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import RssSampler, subtree  # noqa: E402 - scripts/ is not a package
+from bench_scale import run_sampled  # noqa: E402 - scripts/ is not a package
 from pystatestore.spark_minors import BUILT_AGAINST  # noqa: E402
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -149,31 +148,16 @@ def run_once(name: str, keys: int, args: argparse.Namespace, work: Path) -> dict
         "--driver-memory",
         args.driver_memory,
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = RssSampler(proc.pid, work / "no-restart-here")
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        for pid in reversed(subtree(proc.pid)):
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-        out, err = proc.communicate()
-        err += f"\nTIMEOUT: no result within {args.timeout} s (killed)"
-
-    sampler.stop_event.set()
-    sampler.join()
+    out, err, sampler, timed_out, returncode = run_sampled(cmd, work / "no-restart-here", args.timeout)
     shutil.rmtree(checkpoint, ignore_errors=True)
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if not lines:
         if "java.lang.OutOfMemoryError" in out + err:
             why = "the driver JVM ran out of memory (java.lang.OutOfMemoryError)"
-        elif "TIMEOUT: " in err:
-            why = err.rsplit("TIMEOUT: ", 1)[1]
+        elif timed_out:
+            why = f"no result within {args.timeout} s (killed)"
         else:
-            why = f"child exited {proc.returncode}: {[ln for ln in err.splitlines() if 'Error' in ln][-2:]}"
+            why = f"child exited {returncode}: {[ln for ln in err.splitlines() if 'Error' in ln][-2:]}"
         return {"provider": name, "error": why, "peak_rss": sampler.peak}
     result = json.loads(lines[-1][len("RESULT ") :])
     result["peak_rss"] = sampler.peak

@@ -366,6 +366,29 @@ def child(args: argparse.Namespace) -> None:
 
 
 # -- the run ------------------------------------------------------------------------------------
+def run_sampled(cmd: list[str], restart_marker: Path, timeout: int) -> tuple[str, str, RssSampler, bool, int]:
+    """Runs `cmd` (a child that starts its own driver JVM) while sampling the memory of its process
+    tree; kills the whole tree after `timeout` s. Returns its stdout, stderr, the sampler, whether it
+    timed out, and its exit code."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = RssSampler(proc.pid, restart_marker)
+    sampler.start()
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for pid in reversed(subtree(proc.pid)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        out, err = proc.communicate()
+    sampler.stop_event.set()
+    sampler.join()
+    return out, err, sampler, timed_out, proc.returncode
+
+
 def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
     restart_marker = work / f"restarting-{name}"
@@ -397,22 +420,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         *(["--check-state"] if args.check_state else []),
     ]
     started = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = RssSampler(proc.pid, restart_marker)
-    sampler.start()
-    timed_out = False
-    try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        for pid in reversed(subtree(proc.pid)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        out, err = proc.communicate()
-    sampler.stop_event.set()
-    sampler.join()
+    out, err, sampler, timed_out, returncode = run_sampled(cmd, restart_marker, args.timeout)
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"provider": name, "completed": False}
     if not lines:
@@ -421,7 +429,7 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
         result["error"] = f"did not finish within {args.timeout} s (killed)"
     elif not lines:
         tail = [ln for ln in (err or "").splitlines() if "Exception" in ln or "Error" in ln][-1:]
-        result["error"] = f"child exited {proc.returncode}: {tail}"
+        result["error"] = f"child exited {returncode}: {tail}"
     # what the JVM printed (to stdout: HotSpot's tty) as it died, with -XX:+ExitOnOutOfMemoryError
     result["out_of_memory"] = "java.lang.OutOfMemoryError" in (out or "") + (err or "")
     result["peak_rss"] = sampler.peak
