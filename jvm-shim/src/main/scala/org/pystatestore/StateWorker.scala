@@ -6,8 +6,9 @@ import java.nio.charset.StandardCharsets
 import java.nio.file.Files
 import java.nio.file.attribute.PosixFilePermissions
 import java.security.SecureRandom
-import java.util.concurrent.{CompletableFuture, CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit, TimeoutException}
-import java.util.concurrent.atomic.AtomicInteger
+import java.util.concurrent.{CompletableFuture, CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit,
+  TimeoutException}
+import java.util.concurrent.atomic.{AtomicBoolean, AtomicInteger}
 
 import scala.util.control.NonFatal
 
@@ -294,19 +295,21 @@ object StateWorker extends Logging {
       t
     }
   })
-  private val warmedUp = new java.util.concurrent.atomic.AtomicBoolean(false)
+  private val warmedUp = new AtomicBoolean(false)
 
   /**
    * Starts the slot's worker in the background if it has none, and warms the JVM's side of the
-   * bridge once per JVM (Arrow's allocator and IPC writer): a task opens its store before it consumes its input, so these overlap
-   * that work instead of waiting in the first commit (about a second in a fresh JVM, measured by
-   * scripts/bench_bulk_load.py). A failed start is logged here; the store's own call starts again
+   * bridge once per JVM (Arrow's allocator and IPC writer): a task opens its store before it
+   * consumes its input, so these overlap that work instead of waiting in the first commit (about a
+   * second in a fresh JVM: decision 0030). A failed start is logged here; the store's own call starts again
    * (or joins a start still in flight) and fails with the error that names what to do.
    */
   def prestart(spec: WorkerLaunchSpec, partitionId: Int): Unit = {
     if (warmedUp.compareAndSet(false, true)) {
       prestartThreads.submit(new Runnable {
-        override def run(): Unit = try ArrowFrames.warmUp() catch { case NonFatal(e) => logDebug(s"pystatestore: warming up the bridge failed: $e") }
+        override def run(): Unit = try ArrowFrames.warmUp() catch {
+          case NonFatal(e) => logDebug(s"pystatestore: warming up the bridge failed: $e")
+        }
       })
     }
     val needed = synchronized {
@@ -316,7 +319,8 @@ object StateWorker extends Logging {
     }
     if (needed) prestartThreads.submit(new Runnable {
       override def run(): Unit = try acquire(spec, partitionId) catch {
-        case NonFatal(e) => logWarning(s"pystatestore: could not start a state worker ahead of its first call: ${e.getMessage}")
+        case NonFatal(e) =>
+          logWarning(s"pystatestore: could not start a state worker ahead of its first call: ${e.getMessage}")
       }
     })
   }

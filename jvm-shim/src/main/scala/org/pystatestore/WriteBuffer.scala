@@ -419,8 +419,10 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
         val rAt = r + header
         val limit = math.min(shared, Platform.getInt(null, r + KeyLengthAt) - from)
         var n = 0
-        while (n + 8 <= limit && Platform.getLong(null, firstAt + from + n) == Platform.getLong(null, rAt + from + n)) n += 8
-        while (n < limit && Platform.getByte(null, firstAt + from + n) == Platform.getByte(null, rAt + from + n)) n += 1
+        val a = firstAt + from
+        val b = rAt + from
+        while (n + 8 <= limit && Platform.getLong(null, a + n) == Platform.getLong(null, b + n)) n += 8
+        while (n < limit && Platform.getByte(null, a + n) == Platform.getByte(null, b + n)) n += 1
         shared = math.max(0, n)
         i += 1
       }
