@@ -411,19 +411,17 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     /** How many bytes from `from` on every key of `[lo, hi)` shares (at most the shortest key's rest). */
     private def sharedPrefix(lo: Int, hi: Int, from: Int): Int = {
       val first = at(addresses, lo)
-      val firstAt = first + header
+      val a = first + header + from
       var shared = Platform.getInt(null, first + KeyLengthAt) - from
       var i = lo + 1
       while (i < hi && shared > 0) {
         val r = at(addresses, i)
-        val rAt = r + header
+        val b = r + header + from
         val limit = math.min(shared, Platform.getInt(null, r + KeyLengthAt) - from)
         var n = 0
-        val a = firstAt + from
-        val b = rAt + from
         while (n + 8 <= limit && Platform.getLong(null, a + n) == Platform.getLong(null, b + n)) n += 8
         while (n < limit && Platform.getByte(null, a + n) == Platform.getByte(null, b + n)) n += 1
-        shared = math.max(0, n)
+        shared = n
         i += 1
       }
       math.max(0, shared)
