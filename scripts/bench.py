@@ -19,7 +19,8 @@ live in the dead JVM's temporary directory); pystatestore restores from its loca
 when they are intact, and the report says how many bytes came from each.
 
     .venv/bin/python scripts/bench.py [--keys 100000] [--touched-pct 1] [--batches 20] [--partitions 4]
-                                      [--repeat 3] [--pyspark 4.1|4.2|4.3] [--workload aggregation|tws|sessions]
+                                      [--repeat 3] [--pyspark 4.1|4.2|4.3]
+                                      [--workload aggregation|tws|sessions|flatmap-sessions]
                                       [--runs NAME,...] [--out FILE]
 
 --workload tws (Spark 4.1: 4.2+ refuse transformWithState on any provider but their RocksDB one) runs
@@ -31,6 +32,9 @@ has no column families and sits out.
 --workload sessions runs applyInPandasWithState keeping a session's event buffer per key: a count and
 its newest 64 events of 64 bytes each as one string, about 4 KiB of state per key (a new key starts
 from 64 events of history), rewritten whenever the key has input: the large-value case.
+--workload flatmap-sessions keeps the same state with a Scala flatMapGroupsWithState
+(scripts/jvm/SessionBuffers.scala, compiled with the running Spark's own Scala compiler): the same
+case with no Python UDF workers, so the state store's share of a batch shows.
 
 --pyspark runs the whole benchmark on that Spark minor (its pyspark, installed once per machine by
 scripts/build_jar.py, and our jar for it) against that minor's own built-in providers.
@@ -333,12 +337,39 @@ def run_sessions(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list
     return run_to_the_end(sessions, checkpoint)
 
 
-WORKLOADS = {"aggregation": run_aggregation, "tws": run_tws, "sessions": run_sessions}
+SESSION_BUFFERS_SOURCE = Path(__file__).resolve().parent / "jvm" / "SessionBuffers.scala"
+
+
+def run_flatmap_sessions(spark: SparkSession, input_dir: Path, checkpoint: Path) -> list[dict]:
+    """The sessions workload's state kept by a Scala flatMapGroupsWithState (SessionBuffers.scala,
+    on the session's spark.jars); returns the progress reports of batches that had input."""
+    sessions = spark._jvm.org.pystatestore.bench.SessionBuffers.sessions(spark._jsparkSession, str(input_dir))
+    return run_to_the_end(DataFrame(sessions, spark), checkpoint)
+
+
+def compile_session_buffers(work: Path) -> Path:
+    """SessionBuffers.scala compiled against the running Spark, for the flatmap-sessions workload."""
+    import pyspark
+
+    minor = ".".join(pyspark.__version__.split(".")[:2])
+    jars_dir = Path(pyspark.__file__).resolve().parent / "jars"
+    out = work / f"session-buffers-spark{minor}.jar"
+    return build_jar_module().compile_jar(out, minor, jars_dir=jars_dir, extra_sources=[SESSION_BUFFERS_SOURCE])
+
+
+WORKLOADS = {
+    "aggregation": run_aggregation,
+    "tws": run_tws,
+    "sessions": run_sessions,
+    "flatmap-sessions": run_flatmap_sessions,
+}
 WORKLOAD_TEXT = {
     "aggregation": "groupBy(key).agg(count, sum)",
     "tws": "transformWithStateInPandas: per key a count, its events in a ListState, an event-time timer moved "
     "on each input",
     "sessions": f"applyInPandasWithState: per key a count and its newest {SESSION_EVENTS} events of "
+    f"{EVENT_BYTES} bytes as a string (about {SESSION_EVENTS * EVENT_BYTES // 1024} KiB of state per key)",
+    "flatmap-sessions": f"flatMapGroupsWithState (Scala): per key a count and its newest {SESSION_EVENTS} events of "
     f"{EVENT_BYTES} bytes as a string (about {SESSION_EVENTS * EVENT_BYTES // 1024} KiB of state per key)",
 }
 
@@ -432,6 +463,7 @@ def run_provider(
     checkpoint_format: int = 1,
     workload: str = "aggregation",
     restarts: int = RESTARTS,
+    session_conf: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One provider's load, steady batches and restarts on a fresh checkpoint, each query in its own JVM."""
     provider, confs = RUNS[name]
@@ -448,7 +480,15 @@ def run_provider(
     started = time.time()
     try:
         progress, spark_version = run_query_in_own_jvm(
-            work, tag, sql_conf, restart_input, checkpoint, partitions=partitions, linger_s=5.0, workload=workload
+            work,
+            tag,
+            sql_conf,
+            restart_input,
+            checkpoint,
+            partitions=partitions,
+            linger_s=5.0,
+            workload=workload,
+            session_conf=session_conf,
         )
     finally:
         watcher.stop()
@@ -485,7 +525,14 @@ def run_provider(
         shutil.copy(input_dir.parent / "restart-input" / target.name, target)
         os.utime(target, (1_800_000_000 + 10 * i, 1_800_000_000 + 10 * i))
         first = run_query_in_own_jvm(
-            work, f"{tag}-restart{i}", sql_conf, restart_input, checkpoint, partitions=partitions, workload=workload
+            work,
+            f"{tag}-restart{i}",
+            sql_conf,
+            restart_input,
+            checkpoint,
+            partitions=partitions,
+            workload=workload,
+            session_conf=session_conf,
         )[0][0]
         restart_reports.append(first)
     result["restart_ms"] = statistics.median(r["durationMs"]["triggerExecution"] for r in restart_reports)
@@ -556,7 +603,8 @@ def main() -> None:
         choices=list(WORKLOADS),
         default="aggregation",
         help="tws: a transformWithStateInPandas session buffer (ListState, a ValueState, event-time timers); 4.1 "
-        "only. sessions: applyInPandasWithState keeping about 4 KiB of events per key (large values)",
+        "only. sessions: applyInPandasWithState keeping about 4 KiB of events per key (large values); "
+        "flatmap-sessions: the same state kept by a Scala flatMapGroupsWithState",
     )
     ap.add_argument(
         "--runs",
@@ -573,6 +621,7 @@ def main() -> None:
     touched = max(1, int(args.keys * args.touched_pct / 100))
     work = Path(tempfile.mkdtemp(prefix="pss-bench-"))
     write_inputs(work / "input", args.keys, touched, args.batches)
+    session_conf = {"spark.jars": str(compile_session_buffers(work))} if args.workload == "flatmap-sessions" else None
 
     # Spark's HDFS provider has no checkpoint ids (format 2) and no column families (transformWithState).
     names = [n for n in RUNS if (args.checkpoint_format == 1 and args.workload != "tws") or RUNS[n][0] != HDFS]
@@ -600,6 +649,7 @@ def main() -> None:
                     args.checkpoint_format,
                     args.workload,
                     args.restarts,
+                    session_conf,
                 )
             )
     results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
