@@ -525,9 +525,10 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   /** Writes and deletes buffered (overwrites included; marks not). */
   def numWrites: Long = synchronized(writes)
 
-  /** Bytes the buffer holds: what its records use of its pages (untouched pages are not resident), and its indexes. */
+  /** Bytes the buffer holds: what its records use of its pages (the rest is never touched), and its indexes. */
   def memoryBytes: Long = synchronized {
-    if (!open) 0L else native.usedBeforeNewest + used + keyIndex.memoryBytes + (if (prefixIndex == null) 0L else prefixIndex.memoryBytes)
+    if (!open) 0L
+    else native.usedBeforeNewest + used + keyIndex.memoryBytes + (if (prefixIndex == null) 0L else prefixIndex.memoryBytes)
   }
 
   /** Frees the pages. Every later call fails; rows handed out are copies and stay valid. */
