@@ -59,6 +59,7 @@ def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
         {"store": "stuck-store", "point": "commit:uploaded", "action": "sleep", "seconds": 8, "times": 1},
         {"store": "severed-store", "point": "commit:uploaded", "action": "sever", "times": 1},
         {"store": "slow-commit", "point": "commit:uploaded", "action": "sleep", "seconds": 20, "times": 1},
+        {"store": "apply-fails", "point": "apply:ingested", "action": "fail", "times": 1},
     ]
     proc = run_spark_submit(
         "org.pystatestore.tests.ContractSuite",

@@ -719,6 +719,30 @@ object ContractSuite {
     p.close(); fresh.close()
   }
 
+  scenario("a_version_whose_apply_failed_after_its_commit_is_read_whole") {
+    // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) fails the worker's apply of the first
+    // commit of any store whose directory contains "apply-fails", after that commit replied
+    // (durable first, rocksdb changelog): its view must come from the checkpoint instead.
+    val dir = Files.createTempDirectory(workDir, "apply-fails").toUri.toString
+    val p = provider(dir)
+    commitVersion(p, 0, Map("a" -> 1, "b" -> 2))
+    val s = p.getStore(1) // from the cache: the view the failed apply never made
+    check(contents(s) == Map(("a", 0) -> 1, ("b", 0) -> 2), s"version 1 after a failed apply: ${contents(s)}")
+    s.put(key("c"), value(3))
+    s.remove(key("a"))
+    check(s.commit() == 2, "a commit on the version whose apply failed")
+    val byName = s.metrics.customMetrics.map { case (k, v) => k.name -> v }
+    if (backend == "rocksdb" && commitMode != "snapshot") {
+      check(byName("pystatestoreApplyFailures") == 1, s"apply failures reported: ${byName("pystatestoreApplyFailures")}")
+      check(byName.contains("pystatestoreViewWaitMs"), "view wait reported")
+    }
+    s.release()
+    check(contents(p.getStore(2)) == Map(("b", 0) -> 2, ("c", 0) -> 3), "version 2, read from the cache")
+    val fresh = provider(dir)
+    check(contents(fresh.getStore(2)) == Map(("b", 0) -> 2, ("c", 0) -> 3), "version 2 from the checkpoint")
+    p.close(); fresh.close()
+  }
+
   scenario("worker_killed_between_calls_is_replaced_transparently") {
     val dir = newDir()
     val p = provider(dir)
@@ -929,6 +953,7 @@ object ContractSuite {
     val worker = StateWorker.workerFor(0).get
     val s = p.getStore(1)
     s.put(key("b"), value(2))
+    s.get(key("a")) // the view of version 1 is ready (durable first): the commit is the call that meets the frozen worker
     new ProcessBuilder("kill", "-STOP", worker.pid.toString).start().waitFor()
     val started = System.nanoTime()
     val e = expectThrows[Throwable]("commit against a frozen worker")(s.commit())

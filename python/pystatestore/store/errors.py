@@ -55,6 +55,15 @@ class InvalidPathError(StateStoreError):
     advice = "The manifest was not written by pystatestore or was tampered with; nothing was read or deleted."
 
 
+class VersionReplacedError(StateStoreError):
+    """A version this JVM committed was replaced by another attempt's manifest before it was read."""
+
+    advice = (
+        "Another attempt committed this version after this JVM did (Spark ran the batch twice); the task "
+        "fails and Spark retries it on the version the checkpoint holds. Nothing was written."
+    )
+
+
 class BaseVersionReplacedError(StateStoreError):
     """A commit was based on an attempt at the base version that another attempt's manifest replaced."""
 

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +30,7 @@ from ..store.manifest import KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
 from . import faults
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 MAINTENANCE_PARTS = ("snapshot", "cleanup")
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
@@ -117,6 +118,11 @@ def make_backend(ctx: StoreContext) -> StateBackend:
     return backend
 
 
+# How many outcomes of durable-first applies a store remembers for `awaitView`: a view the JVM
+# never reads before it is evicted from its cache is never asked about.
+APPLIED_VIEWS_KEPT = 16
+
+
 class _Store:
     def __init__(self, backend: StateBackend) -> None:
         self.backend = backend
@@ -124,6 +130,26 @@ class _Store:
         self.busy_with: str | None = None  # the call holding the lock, for "store busy" errors
         self.busy_since = 0.0
         self.snapshotting = False  # a snapshot is being made (uploaded without the lock)
+        # Work a call leaves to run under the lock after it replied (a durable-first commit's apply).
+        self._after: tuple[str, Callable[[], None]] | None = None
+        # View directory -> whether the apply that was to leave it did (newest last).
+        self.applied_views: OrderedDict[str, bool] = OrderedDict()
+        # The metrics of the newest apply that ran after its commit replied, for the next commit's reply.
+        self.apply_metrics: dict[str, int] = {}
+
+    def run_after_reply(self, what: str, work: Callable[[], None]) -> None:
+        """Inside `locked`: `work` runs on a thread of its own once the call leaves the block, still
+        holding the lock, so the store's next call waits for it."""
+        self._after = (what, work)
+
+    def _run_then_release(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - the work records its own outcome; never leave the lock held
+            log.error("unexpected failure after a reply\n%s", traceback.format_exc())
+        finally:
+            self.busy_with = None
+            self.lock.release()
 
     @contextmanager
     def locked(self, call: str, handle: str) -> Iterator[StateBackend]:
@@ -136,11 +162,18 @@ class _Store:
                 "JVM reopens the store in a fresh state after a call times out.",
             )
         self.busy_with, self.busy_since = call, time.time()
+        self._after = None
         try:
             yield self.backend
         finally:
-            self.busy_with = None
-            self.lock.release()
+            after, self._after = self._after, None
+            if after is None:
+                self.busy_with = None
+                self.lock.release()
+            else:
+                what, work = after
+                self.busy_with, self.busy_since = what, time.time()
+                threading.Thread(target=self._run_then_release, args=(work,), name="after-reply", daemon=True).start()
 
 
 class StoreService:
@@ -222,10 +255,12 @@ class StoreService:
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
+            version = int(base_version) + 1
             with (
                 frames.open_changes(changes_path) as changes,
-                store.locked(f"commit of version {int(base_version) + 1}", handle) as backend,
+                store.locked(f"commit of version {version}", handle) as backend,
             ):
+                previous_apply, store.apply_metrics = store.apply_metrics, {}
                 result = backend.commit(
                     int(base_version),
                     changes,
@@ -235,13 +270,20 @@ class StoreService:
                     num_internal_keys=int(num_internal_keys),
                     view_dir=view_dir or None,
                     empty_base=bool(empty_base),
+                    durable_first=not force_snapshot,
                 )
+                if result.finish is not None:
+                    store.run_after_reply(
+                        f"applying version {version} after its commit",
+                        _apply_after_reply(store, handle, version, view_dir, result.finish),
+                    )
             snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
             # The chain since the last snapshot is minDeltasForSnapshot long: the JVM asks for the
             # snapshot at once (off the commit path) rather than at Spark's next maintenance, which
             # at its default interval of 60 s comes after tens of fast batches.
-            due = not snapshot and getattr(backend, "snapshot_due", lambda: False)()
-            release_free_memory()
+            due = not snapshot and result.snapshot_due
+            if result.finish is None:
+                release_free_memory()  # else the apply does, after the reply
             # The version the shim reports to Spark's coordinator as its newest snapshot, if this
             # call made one: the commit itself (snapshot commits), or the one Spark forced.
             snapshot_version = result.version if result.snapshot else snapshot.get("materializedVersion")
@@ -258,8 +300,37 @@ class StoreService:
                 "filesWritten": result.files_written,
                 "manifest": result.manifest,
                 "commitMs": _ms(started),
+                **previous_apply,
                 **result.metrics,
+                **({"viewPending": True} if result.finish is not None else {}),
             }
+
+        return _reply(run)
+
+    def awaitView(self, handle: str, version: int, manifest_id: str, view_dir: str) -> str:  # noqa: N802
+        """Returns once the read view of `version` (the attempt `manifest_id`) a durable-first commit
+        left to its apply is at `view_dir`: at once if the apply left it, after a load of the version
+        from the checkpoint if the apply failed or this worker never ran it (the one that did died)."""
+
+        def run() -> dict[str, Any]:
+            started = time.perf_counter()
+            store = self._store(handle)
+            with store.locked(f"read view of version {version}", handle) as backend:
+                waited = _ms(started)
+                if store.applied_views.pop(view_dir, False):
+                    return {"viewLeftByApply": True, "viewWaitMs": waited, "workerRssBytes": worker_rss_bytes()}
+                view_after_commit = getattr(backend, "view_after_commit", None)
+                if view_after_commit is None:
+                    raise StoreConfigError(
+                        "this backend leaves no read views",
+                        store=handle,
+                        version=int(version),
+                        advice="The JVM shim and the Python package are of different pystatestore releases; "
+                        "install the same release for both.",
+                    )
+                result = view_after_commit(int(version), str(manifest_id), str(view_dir))
+            _log_restore(handle, int(version), result)
+            return {**_load_reply(result, started), "viewLeftByApply": False, "viewWaitMs": waited}
 
         return _reply(run)
 
@@ -407,6 +478,36 @@ class StoreService:
         if store is None:
             raise StoreConfigError("store is not open in this worker (the JVM must call openStore first)", store=handle)
         return store
+
+
+def _apply_after_reply(
+    store: _Store, handle: str, version: int, view_dir: str, finish: Callable[[], dict[str, int]]
+) -> Callable[[], None]:
+    """A durable-first commit's apply, run after its reply under the store's lock: its outcome is
+    what `awaitView` finds for `view_dir`, its metrics go with the store's next commit."""
+
+    def apply() -> None:
+        started = time.perf_counter()
+        ok = False
+        try:
+            metrics = finish()
+            ok = True
+        except Exception as e:  # noqa: BLE001 - the version is durable; its view is made again on demand
+            log.warning(
+                "store %s: applying version %d to the local database after its commit failed (%s); the JVM's "
+                "first read of it loads it from the checkpoint",
+                handle,
+                version,
+                e,
+            )
+            metrics = {"applyFailures": 1}
+        store.applied_views[view_dir] = ok
+        while len(store.applied_views) > APPLIED_VIEWS_KEPT:
+            store.applied_views.popitem(last=False)
+        store.apply_metrics = {**metrics, "deferredApplyMs": _ms(started)}
+        release_free_memory()
+
+    return apply
 
 
 def _close_when_idle(store: _Store) -> None:

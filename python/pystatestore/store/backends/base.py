@@ -107,6 +107,7 @@ class StateBackend(abc.ABC):
         num_internal_keys: int = 0,
         view_dir: str | None = None,
         empty_base: bool = False,
+        durable_first: bool = False,
     ) -> CommitResult:
         """Makes `base_version + 1` durable. `base_manifest_id`, when given, is the attempt at the
         base version the caller computed the changes on; a commit on a base another attempt has
@@ -116,7 +117,9 @@ class StateBackend(abc.ABC):
         `num_keys`, those of internal column families) is recorded for the JVM's metrics. With `empty_base` the
         changes apply to an empty state, whatever the store holds at `base_version`, and the new
         version is a snapshot that needs no earlier version (Spark's `loadEmpty`: a state rewrite
-        writes a store's whole state as one version)."""
+        writes a store's whole state as one version). With `durable_first` a backend may return as
+        soon as the version is durable, leaving the rest (e.g. the view) to the result's `finish`,
+        which the caller runs under the store's lock before the store's next call."""
 
     def check_base(self, version: int, actual: str, expected: str | None) -> None:
         if expected is not None and expected != actual:

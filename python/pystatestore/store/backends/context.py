@@ -88,6 +88,11 @@ class CommitResult:
     manifest_id: str = ""
     snapshot: bool = False  # the version was committed as a snapshot (restores need no changes replayed)
     num_internal_keys: int = 0  # of num_keys, those in internal column families (Manifest)
+    # The chain since the last snapshot is long enough that maintenance should make one now.
+    snapshot_due: bool = False
+    # What is left once the version is durable (a durable-first commit: the local DB and the view):
+    # the caller runs it under the store's lock before the store's next call; it returns its metrics.
+    finish: Callable[[], dict[str, int]] | None = None
 
 
 class ParsedManifests:

@@ -111,6 +111,7 @@ class MemoryBackend(StateBackend):
         num_internal_keys: int = 0,  # no column families on this backend: always 0
         view_dir: str | None = None,
         empty_base: bool = False,
+        durable_first: bool = False,
     ) -> CommitResult:
         version = base_version + 1
         timed: dict[str, int] = {}  # the manifest's commit_ms, as the rocksdb backend records it

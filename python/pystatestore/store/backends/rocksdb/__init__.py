@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,10 @@ class RocksDBBackend(StateBackend):
             self, snapshot_version, end_version, view_dir, snapshot_id=snapshot_id, end_id=end_id
         )
 
+    def view_after_commit(self, version: int, manifest_id: str, view_dir: str) -> LoadResult:
+        """The read view of a durable-first commit whose apply did not leave it (see reading)."""
+        return reading.view_after_commit(self, version, manifest_id, view_dir)
+
     def snapshot_versions(self) -> list[int]:
         """Versions that have a snapshot (their own manifest, or one maintenance made)."""
         return reading.snapshot_versions(self)
@@ -130,7 +135,11 @@ class RocksDBBackend(StateBackend):
         num_internal_keys: int = 0,
         view_dir: str | None = None,
         empty_base: bool = False,
+        durable_first: bool = False,
     ) -> CommitResult:
+        """See StateBackend.commit. With `durable_first` a small changelog commit that leaves a view
+        returns once the version is durable, with the rest (the local DB, the view) as the result's
+        `finish`: the caller runs it under the store's lock before anything else touches the store."""
         version = base_version + 1
         if num_keys is None or num_keys < 0:
             raise commit_phase.missing_key_count(self, version)
@@ -144,7 +153,23 @@ class RocksDBBackend(StateBackend):
                 # Spark re-runs an older batch (or retries one that was durable): the base may already
                 # be below the retained versions, so keep GC off it while this attempt runs.
                 lease.pin_base(base_version)
-            return commit_phase.commit_under(
+            deferrable = self.config.mode == "changelog" and view_dir is not None and not empty_base
+            if durable_first and self.config.durable_first and deferrable:
+                whole, changes = commit_phase.small_whole_state(changes, commit_phase.DURABLE_FIRST_MAX_FRAME_BYTES)
+                if whole is not None:
+                    result = commit_phase.commit_durable_first(
+                        self,
+                        lease,
+                        base_version,
+                        whole,
+                        attempt_id,
+                        base_manifest_id,
+                        num_keys,
+                        checkpoint_dir,
+                        num_internal_keys,
+                    )
+                    return replace(result, snapshot_due=snapshots.snapshot_due_at(self, version))
+            result = commit_phase.commit_under(
                 self,
                 lease,
                 base_version,
@@ -157,6 +182,7 @@ class RocksDBBackend(StateBackend):
                 empty_base=empty_base,
                 num_internal_keys=num_internal_keys,
             )
+        return replace(result, snapshot_due=self.snapshot_due())
 
     def _rerun(self, version: int, base_manifest_id: str | None) -> bool:
         """Whether `version` may already be committed (so its base may be old). Under checkpoint ids,

@@ -6,6 +6,7 @@ is written last, atomically: it is the commit point."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import shutil
 import time
@@ -37,6 +38,13 @@ TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
 # frame is at most this many times compactSnapshotMaxBytes: a segment is zstd-compressed, so a frame
 # some times larger still makes a segment of about that size.
 COMPACT_COMMIT_FRAME_FACTOR = 8
+
+# A changelog commit whose change frame is at most this large returns once its segment and manifest
+# are durable and applies the frame to the local DB afterwards, holding the frame in memory until
+# then (decision 0032); a larger one (a bulk load) applies it first, streaming, as before.
+DURABLE_FIRST_MAX_FRAME_BYTES = 16 << 20
+
+log = logging.getLogger("pystatestore.commit")
 
 
 def commit_under(
@@ -129,24 +137,7 @@ def commit_under(
         published = True
         metrics["manifestMs"] = elapsed_ms(t)
         b._fault_point("commit:manifest-written")
-        copies = b.local_copies
-        if copies is not None:
-            copies.forget_later_versions(version)
-        if copies is not None and local_copy_due(b, version, manifest, rows):
-            known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
-            saved = copies.save(version, manifest.manifest_id, checkpoint_dir, known)
-            metrics["localCopySaved"] = int(saved.kept)
-            metrics["localCopyBytesCopied"] = saved.bytes_copied
-            b.rows_since_local_copy = 0
-        else:
-            b.rows_since_local_copy += rows
-        if copies is not None and segment_path is not None and uploaded:
-            # The changes went to a file of their own (not inside the manifest): keep that file on
-            # this host too, so a restore replays them from here. Copies older than the kept window
-            # of copies never need the changes before them.
-            window = b.config.local_copy_interval * copies.versions_kept
-            kept = copies.save_changes(version, manifest.manifest_id, segment_path, drop_through=version - window)
-            metrics["localCopyBytesCopied"] = metrics.get("localCopyBytesCopied", 0) + kept.bytes_copied
+        keep_local_copy(b, version, manifest, checkpoint_dir, segment_path if uploaded else None, rows, metrics)
     finally:
         if segment_path is not None:
             segment_path.unlink(missing_ok=True)
@@ -157,6 +148,165 @@ def commit_under(
         db.ancestor = manifest
         db.snapshot_at = version
     return commit_result(manifest, len(body), uploaded, metrics)
+
+
+def keep_local_copy(
+    b: RocksDBBackend,
+    version: int,
+    manifest: Manifest,
+    checkpoint_dir: Path,
+    uploaded_segment: Path | None,
+    rows: int,
+    metrics: dict[str, int],
+) -> None:
+    """After `version` was published and checkpointed at `checkpoint_dir`: keeps it as a local
+    recovery copy when one is due, and a segment that went to a file of its own on this host too."""
+    copies = b.local_copies
+    if copies is None:
+        return
+    copies.forget_later_versions(version)
+    if local_copy_due(b, version, manifest, rows):
+        known = {**manifest.shared, **manifest.private}  # sizes and checksums the copy need not read
+        saved = copies.save(version, manifest.manifest_id, checkpoint_dir, known)
+        metrics["localCopySaved"] = int(saved.kept)
+        metrics["localCopyBytesCopied"] = saved.bytes_copied
+        b.rows_since_local_copy = 0
+    else:
+        b.rows_since_local_copy += rows
+    if uploaded_segment is not None:
+        # The changes went to a file of their own (not inside the manifest): keep that file on this
+        # host too, so a restore replays them from here. Copies older than the kept window of
+        # copies never need the changes before them.
+        window = b.config.local_copy_interval * copies.versions_kept
+        kept = copies.save_changes(version, manifest.manifest_id, uploaded_segment, drop_through=version - window)
+        metrics["localCopyBytesCopied"] = metrics.get("localCopyBytesCopied", 0) + kept.bytes_copied
+
+
+def commit_durable_first(
+    b: RocksDBBackend,
+    lease: CommitLease,
+    base_version: int,
+    frame: pa.Table,
+    attempt_id: str,
+    base_manifest_id: str | None,
+    num_keys: int,
+    checkpoint_dir: Path,
+    num_internal_keys: int,
+) -> CommitResult:
+    """A changelog commit that returns once the version is durable: its segment and manifest are
+    written and published, nothing else. Writing the changes into the local DB as an SST, ingesting
+    it and leaving the view at `checkpoint_dir` are the result's `finish`, which the caller runs
+    under the store's lock before the store's next call (decision 0032). `frame` is the whole change
+    frame, checked here so that nothing it holds can fail the apply once the version is published."""
+    version = base_version + 1
+    db = b.db
+    base, load_cost = ensure_at(b, base_version, b.attempt_for_lookup(base_manifest_id))
+    b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
+    frame = checked_frame(b, frame, version)
+    db.forget_version()  # until the apply has run, the local DB equals no manifest
+    metrics: dict[str, int] = {**load_cost}
+    segment_path = db.work_dir / f"segment-{version}-{uuid.uuid4().hex[:8]}"
+    try:
+        t = time.perf_counter()
+        rows = changelog.write_segment(segment_path, frame.to_batches(APPLY_CHUNK_ROWS))
+        metrics["segmentMs"] = elapsed_ms(t)
+        b._fault_point("commit:applied")
+        t = time.perf_counter()
+        changes_ref, uploaded = store_changes(b, segment_path, rows, version, lease.token, b.config.inline_bytes)
+        manifest = b.new_changelog_manifest(
+            version,
+            num_keys,
+            attempt_id,
+            parent_manifest_id=base.manifest_id if base else "",
+            changes=changes_ref,
+        )
+        manifest.num_internal_keys = num_internal_keys
+        metrics["uploadMs"] = elapsed_ms(t)
+        b._fault_point("commit:uploaded")
+        t = time.perf_counter()
+        manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
+        body = manifest.to_json()
+        lease.check_before_publish()
+        if lease.base_version is not None and base is not None:
+            check_base_intact(b, base)
+        b.remote.publish(manifest.path, body)  # the commit point
+        metrics["manifestMs"] = elapsed_ms(t)
+        b._fault_point("commit:manifest-written")
+    except BaseException:
+        segment_path.unlink(missing_ok=True)
+        raise
+    result = commit_result(manifest, len(body), uploaded, metrics)
+
+    def finish() -> dict[str, int]:
+        return apply_committed(b, manifest, frame, checkpoint_dir, segment_path if uploaded else None, rows)
+
+    if not uploaded:
+        segment_path.unlink(missing_ok=True)
+    return replace(result, finish=finish)
+
+
+def apply_committed(
+    b: RocksDBBackend,
+    manifest: Manifest,
+    frame: pa.Table,
+    checkpoint_dir: Path,
+    uploaded_segment: Path | None,
+    rows: int,
+) -> dict[str, int]:
+    """The rest of a durable-first commit of `manifest`'s version: the changes into the local DB (one
+    ingested SST), its checkpoint at `checkpoint_dir` as the JVM's view, the local copy. A failure
+    leaves the local DB equal to no manifest (the next call restores it from the checkpoint) and
+    no view; the version itself is durable either way."""
+    version = manifest.version
+    db = b.db
+    metrics: dict[str, int] = {}
+    try:
+        t = time.perf_counter()
+        change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version)
+        metrics["applyMs"] = elapsed_ms(t)
+        b._fault_point("apply:written")
+        t = time.perf_counter()
+        if change_file is not None:
+            db.ingest(change_file)
+        metrics["flushMs"] = elapsed_ms(t)
+        b._fault_point("apply:ingested")
+        t = time.perf_counter()
+        db.checkpoint(checkpoint_dir)
+        metrics["checkpointMs"] = elapsed_ms(t)
+        b._fault_point("apply:checkpointed")
+        db.set_version(version, manifest)
+    except BaseException:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        if uploaded_segment is not None:
+            uploaded_segment.unlink(missing_ok=True)
+        raise
+    try:
+        keep_local_copy(b, version, manifest, checkpoint_dir, uploaded_segment, rows, metrics)
+    except OSError as e:
+        # A local copy only shortens restores; the version and its view are whole without it.
+        log.warning("store %s: keeping version %d as a local copy failed: %s", b.ctx.store_dir, version, e)
+    finally:
+        if uploaded_segment is not None:
+            uploaded_segment.unlink(missing_ok=True)
+    return metrics
+
+
+def checked_frame(b: RocksDBBackend, frame: pa.Table, version: int) -> pa.Table:
+    """`frame` if every op is a put or a delete and its keys strictly ascend (what the SST writer
+    would otherwise refuse only after the version was published); else StoreConfigError."""
+    ops = frame.column("op")
+    if len(ops) and not pc.all(pc.is_in(ops, value_set=pa.array([frames.OP_PUT, frames.OP_DELETE], pa.int8()))).as_py():
+        raise StoreConfigError("unknown op in the change frame", store=b.ctx.store_dir, version=version)
+    keys = frame.column("key").combine_chunks()
+    if len(keys) > 1 and not pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+        raise StoreConfigError(
+            "the change frame is not sorted by key (or repeats a key)",
+            store=b.ctx.store_dir,
+            version=version,
+            advice="The JVM shim and the Python package are of different pystatestore releases; install "
+            "the same release for both.",
+        )
+    return frame
 
 
 def commit_result(

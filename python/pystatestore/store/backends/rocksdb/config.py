@@ -64,6 +64,7 @@ class RocksDBConfig:
     threads: int
     l0_trigger: int
     local_copy_interval: int
+    durable_first: bool = True  # commits return once durable, the local DB is brought up after (0032)
 
     @classmethod
     def of(cls, options: Mapping[str, str], *, store: str) -> RocksDBConfig:
@@ -78,7 +79,16 @@ class RocksDBConfig:
         def whole(name: str, default: int, minimum: int) -> int:
             return int_option(options, name, default, minimum=minimum, store=store)
 
+        durable_first = options.get("durableFirstCommit", "true").strip().lower()
+        if durable_first not in ("true", "false"):
+            raise StoreConfigError(
+                f"durableFirstCommit={options['durableFirstCommit']!r} is not true or false",
+                store=store,
+                advice="Set spark.sql.streaming.stateStore.pystatestore.durableFirstCommit to true (the default) "
+                "or false.",
+            )
         return cls(
+            durable_first=durable_first == "true",
             mode=mode,
             inline_bytes=whole("inlineThresholdBytes", DEFAULT_INLINE_BYTES, 0),
             changelog_max_bytes=whole("changelogMaxBytes", DEFAULT_CHANGELOG_MAX_BYTES, 1),

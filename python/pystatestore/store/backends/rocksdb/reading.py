@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ...errors import CheckpointDamagedError, StoreConfigError
+from ...errors import CheckpointDamagedError, StoreConfigError, VersionReplacedError
 from ...manifest import (
     MANIFEST_DIR,
     SNAPSHOT_DIR,
@@ -34,6 +35,29 @@ def load(b: RocksDBBackend, version: int, view_dir: str | None, checkpoint_id: s
     """See RocksDBBackend.load."""
     target = view_target(b, view_dir, version) if view_dir is not None else None
     _, cost = ensure_at(b, version, checkpoint_id)
+    return leave_view(b, target, cost)
+
+
+def view_after_commit(b: RocksDBBackend, version: int, manifest_id: str, view_dir: str) -> LoadResult:
+    """The read view a durable-first commit's apply did not leave (it failed, or its worker died):
+    `version`, the attempt `manifest_id` this JVM committed, loaded at `view_dir` in place of what a
+    failed apply left there. Refused when another attempt has since replaced that version."""
+    target = Path(os.path.abspath(view_dir))
+    if b.ctx.views_dir and target.parent == Path(os.path.abspath(b.ctx.views_dir)):
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+    target = view_target(b, view_dir, version)
+    _, cost = ensure_at(b, version, b.attempt_for_lookup(manifest_id))
+    if b.db.manifest_id != manifest_id:
+        raise VersionReplacedError(
+            f"this JVM committed attempt {manifest_id} of version {version}, but the checkpoint now holds "
+            f"attempt {b.db.manifest_id or '(none)'}",
+            store=b.ctx.store_dir,
+            version=version,
+            file=manifest_path(version),
+        )
     return leave_view(b, target, cost)
 
 

@@ -280,10 +280,16 @@ def snapshot_due(b: RocksDBBackend) -> bool:
     """Whether the local DB's version (just committed) ends a chain of minDeltasForSnapshot changelog
     versions since the last snapshot, or of a length not known here (after a restore from a
     changelog version's local copy): then maintenance should look now."""
+    return snapshot_due_at(b, b.db.version)
+
+
+def snapshot_due_at(b: RocksDBBackend, version: int | None) -> bool:
+    """`snapshot_due` of `version`, committed on the local DB's chain (a durable-first commit is
+    due before its apply has brought the local DB to it)."""
     db = b.db
-    if b.config.mode != "changelog" or not db.version:
+    if b.config.mode != "changelog" or not version:
         return False
-    return db.snapshot_at is None or db.version - db.snapshot_at >= b.ctx.min_deltas_for_snapshot
+    return db.snapshot_at is None or version - db.snapshot_at >= b.ctx.min_deltas_for_snapshot
 
 
 def _state_batches(db: rocksdict.Rdict) -> Iterator[pa.RecordBatch]:

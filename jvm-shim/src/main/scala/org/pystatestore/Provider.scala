@@ -319,14 +319,16 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       liveStores.clear()
       (c, s)
     }
-    stores.foreach(_.releaseResources())
-    cached.foreach(_.release())
-    if (counted) { counted = false; RocksViews.providerClosed() }
+    // The worker closes the store once the work a durable-first commit left is done, so the view
+    // directories that work writes are deleted below only after it has.
     StateWorker.workerFor(storeIdValue.partitionId).filter(w => w.isUsable && w.generation == openedInGeneration)
       .foreach { w =>
         try StateWorker.call(w, s"close of $describeStore", launchSpec)(_.closeStore(handle))
         catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
       }
+    stores.foreach(_.releaseResources())
+    cached.foreach(_.release())
+    if (counted) { counted = false; RocksViews.providerClosed() }
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = AllCustomMetrics
@@ -578,8 +580,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
           }
           heap.applyChanges(newVersion, stringField(reply, "manifestId"), puts, deletes, prefixOf)
         case None =>
-          new RocksView(viewDir, newVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-            longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore)
+          val manifestId = stringField(reply, "manifestId")
+          // Durable first: the worker replied once the version was durable and makes the view after.
+          val awaitReady = if (reply \ "viewPending" == JBool(true)) viewMadeAfterCommit(newVersion, manifestId, viewDir)
+            else null
+          new RocksView(viewDir, newVersion, manifestId, longField(reply, "numKeys"),
+            longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore, awaitReady)
       }
       state.retain() // one reference for the cache, one for the caller
       remember(state)
@@ -597,10 +603,35 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         MetricKeysLookedUp -> lookedUp,
         MetricFrameBytes -> frameBytes,
         MetricSnapshotsMade -> snapshotsSinceCommit.getAndSet(0L),
+        MetricViewWaitMs -> viewWaitNanos.getAndSet(0L) / 1000000,
         MetricSnapshotsForced -> (if (forceSnapshot) 1L else 0L),
         MetricStoresLagging -> (if (newVersion - lastSnapshot.get > laggingAfterVersions) 1L else 0L)))
     } finally file.delete()
   }
+
+  /**
+   * What the first read of a version committed durable first does before opening its view: waits
+   * for the worker to have made it (or to have loaded the version there, if making it failed or
+   * that worker died). A failure forgets the version and those built on it, so Spark's retry of
+   * the task loads what the checkpoint holds.
+   */
+  private def viewMadeAfterCommit(version: Long, manifestId: String, viewDir: File): () => Unit = () => {
+    val started = System.nanoTime()
+    try {
+      val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
+      val reply = callWorker(worker, s"read view of $describeStore version $version") { (svc, h) =>
+        svc.awaitView(h, version, manifestId, viewDir.getAbsolutePath)
+      }
+      RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
+    } catch {
+      case NonFatal(e) =>
+        forgetFrom(version)
+        throw e
+    } finally viewWaitNanos.addAndGet(System.nanoTime() - started)
+  }
+
+  /** Time reads waited for views made after their commits replied, since the last commit's metrics. */
+  private val viewWaitNanos = new java.util.concurrent.atomic.AtomicLong(0L)
 
   /**
    * An empty store opened at a version that was never loaded (`openEmptyWriteStore`): every loaded

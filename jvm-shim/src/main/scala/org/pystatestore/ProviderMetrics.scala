@@ -28,6 +28,7 @@ object ProviderMetrics {
   val MetricSnapshotsMade = "pystatestoreSnapshotsMade"
   val MetricSnapshotsForced = "pystatestoreSnapshotsForced"
   val MetricStoresLagging = "pystatestoreStoresLagging"
+  val MetricViewWaitMs = "pystatestoreViewWaitMs"
 
   /** Commit metrics the worker reports in its reply: (metric name, reply field). */
   val WorkerReplyMetrics: Seq[(String, String)] = Seq(
@@ -41,6 +42,9 @@ object ProviderMetrics {
     "pystatestoreUploadMs" -> "uploadMs",
     "pystatestoreManifestMs" -> "manifestMs",
     "pystatestoreLocalCopiesSaved" -> "localCopySaved",
+    "pystatestoreDeferredApplyMs" -> "deferredApplyMs",
+    "pystatestoreSegmentMs" -> "segmentMs",
+    "pystatestoreApplyFailures" -> "applyFailures",
     "pystatestoreLocalCopyBytesCopied" -> "localCopyBytesCopied",
     "pystatestoreViewMs" -> "viewMs",
     "pystatestoreRestoreLocalFiles" -> "restoreLocalFiles",
@@ -82,11 +86,20 @@ object ProviderMetrics {
     StateStoreCustomSumMetric("pystatestoreFilesReused",
       "pystatestore: files reused from the base version by commits (not uploaded again)"),
     StateStoreCustomTimingMetric("pystatestoreApplyMs",
-      "pystatestore: commit time applying changes (rocksdb: writing them as an SST file)"),
+      "pystatestore: time applying changes (rocksdb: writing them as an SST file; after the reply when durable first)"),
     StateStoreCustomTimingMetric("pystatestoreFlushMs",
-      "pystatestore: commit time making the changes part of the DB (rocksdb: ingesting the SST file)"),
+      "pystatestore: time making the changes part of the DB (rocksdb: ingesting the SST file; after the reply when " +
+        "durable first)"),
     StateStoreCustomTimingMetric("pystatestoreCheckpointMs",
-      "pystatestore: commit time taking the RocksDB checkpoint"),
+      "pystatestore: time taking the RocksDB checkpoint that is the read view (after the reply when durable first)"),
+    StateStoreCustomTimingMetric("pystatestoreDeferredApplyMs",
+      "pystatestore: worker time after durable-first commits replied: local DB, read view and local copy"),
+    StateStoreCustomTimingMetric("pystatestoreSegmentMs",
+      "pystatestore: commit time writing a durable-first commit's changes as a changelog segment"),
+    StateStoreCustomSumMetric("pystatestoreApplyFailures",
+      "pystatestore: durable-first commits whose local apply failed after the reply (the view was loaded instead)"),
+    StateStoreCustomTimingMetric(MetricViewWaitMs,
+      "pystatestore: time reads waited for the read views of durable-first commits"),
     StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),
     StateStoreCustomTimingMetric("pystatestoreManifestMs", "pystatestore: commit time writing the manifest"),
     StateStoreCustomSumMetric("pystatestoreLocalCopiesSaved",

@@ -38,13 +38,24 @@ trait PythonStateService {
    * `numKeys` is the new version's key count (the JVM saw which keys existed), `numInternalKeys`
    * those of them in internal column families (timers, TTL indexes, the family registry), which
    * Spark's numKeys leaves out; both come back from loads and commits. Backends read
-   * through views leave the new version's read view at `viewDir`. With `forceSnapshot` the call
+   * through views leave the new version's read view at `viewDir`, or, when the reply says
+   * `viewPending`, make it after replying (`awaitView`). With `forceSnapshot` the call
    * returns only once the new version also has a snapshot (Spark 4.2's forceSnapshotOnCommit).
    * With `emptyBase` the changes are the whole new state: nothing of `baseVersion` is read, and the
    * new version needs no earlier one (Spark's loadEmpty).
    */
   def commit(handle: String, baseVersion: Long, baseManifestId: String, changesPath: String,
       attemptId: String, numKeys: Long, numInternalKeys: Long, viewDir: String, forceSnapshot: Boolean, emptyBase: Boolean): String
+
+  /**
+   * Returns once the read view of `version` (the attempt `manifestId`) is at `viewDir`, where a
+   * commit that replied `viewPending` (durable first: the version was durable before the worker
+   * brought its local database and the view up) left it to be made: at once if the worker did so,
+   * else after loading the version from the checkpoint into `viewDir` (that work failed, or the
+   * worker that had it died). Returns `{"viewLeftByApply", "viewWaitMs"}` and, after a load, what
+   * `load` returns; refuses a version another attempt has since replaced (`VersionReplacedError`).
+   */
+  def awaitView(handle: String, version: Long, manifestId: String, viewDir: String): String
 
   /**
    * The maintenance `parts` (comma-separated): `snapshot` makes a due snapshot of a changelog

@@ -321,7 +321,10 @@ object RocksViews extends Logging {
  * A committed version read from the read-only RocksDB checkpoint the worker left at `dir`. Opened
  * on first use; closed and deleted once the last holder releases it (the provider's cache holds
  * the first reference, each store and each open iterator one more). Reads hold a read lock and the
- * final close the write lock, so no native call ever runs on a closed handle.
+ * final close the write lock, so no native call ever runs on a closed handle. A view a durable-first
+ * commit left to the worker to make after it replied comes with `awaitReady`, called once, before
+ * the first open, outside every monitor (it is a worker call); a failed one is tried again by the
+ * next read.
  */
 final class RocksView(
     val dir: File,
@@ -331,13 +334,16 @@ final class RocksView(
     override val numInternalKeys: Long,
     codec: KeyCodec,
     numValueFields: Int,
-    describe: String) extends CommittedVersion with Logging {
+    describe: String,
+    awaitReady: () => Unit = null) extends CommittedVersion with Logging {
 
   private val lock = new ReentrantReadWriteLock()
   private var refs = 1
   private var db: RocksDB = _
   private var closed = false
   private var readOptionsValue: ReadOptions = _
+  private val readyLock = new Object
+  @volatile private var ready = awaitReady == null
 
   private def readOptions: ReadOptions = synchronized {
     if (readOptionsValue == null) readOptionsValue = new ReadOptions().setVerifyChecksums(true)
@@ -355,6 +361,12 @@ final class RocksView(
 
   private def handle(): RocksDB = {
     var h = db
+    if (h == null && !ready) readyLock.synchronized {
+      if (!ready) {
+        awaitReady()
+        ready = true
+      }
+    }
     if (h == null) synchronized {
       if (db == null) {
         db = try RocksViews.open(dir) catch {

@@ -187,7 +187,7 @@ final class WorkerRegistration(token: String) {
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/worker/service.py; checked on every worker start. */
-  val ProtocolVersion = 8
+  val ProtocolVersion = 9
 
   /**
    * The worker's allocators, set where the user has not: memory a commit frees goes back to the

@@ -1,0 +1,195 @@
+"""Durable-first commits (decision 0032), as the JVM drives the worker: a changelog commit replies
+once its segment and manifest are published; the local DB and the read view come after, under the
+store's lock, and `awaitView` hands the JVM a view that is whole whatever happened to that apply.
+
+The referee is the checkpoint itself: manifests are read from disk with json, views with rocksdict
+(backend_support.read_view), never through the code under test."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from backend_support import changes, hold_at, make_backend, read_view
+from pystatestore.store import frames
+from pystatestore.worker.service import StoreService
+
+
+def open_store(service: StoreService, tmp_path: Path, instance: str = "i1", **options: str) -> str:
+    local = tmp_path / "local"
+    (local / "views").mkdir(parents=True, exist_ok=True)
+    desc = {
+        "storeDir": f"file:{tmp_path / 'store'}",
+        "instanceId": instance,
+        "operatorId": 0,
+        "partitionId": 1,  # as backend_support.make_backend
+        "storeName": "default",
+        "keySchema": "k",
+        "valueSchema": "v",
+        "minVersionsToRetain": 100,
+        "minDeltasForSnapshot": 10,
+        "localDir": str(local / instance),
+        "viewsDir": str(local / "views"),
+        "options": {"localRecoveryDir": str(local / "rec"), **options},
+    }
+    reply = json.loads(service.openStore(json.dumps(desc)))
+    assert "error" not in reply, reply
+    return reply["handle"]
+
+
+def manifest_of(tmp_path: Path, version: int) -> dict:
+    return json.loads((tmp_path / "store" / "manifests" / f"{version}.json").read_text())
+
+
+def write_frame(path: Path, table: pa.Table) -> str:
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    return str(path)
+
+
+def view_path(tmp_path: Path, version: int, tag: str = "") -> Path:
+    return tmp_path / "local" / "views" / f"v{version}{tag}"
+
+
+def commit(service: StoreService, handle: str, tmp_path: Path, version: int, table: pa.Table, keys: int) -> dict:
+    """The JVM's commit call; `table` is sent as it is (the JVM sorts its frames)."""
+    frame = write_frame(tmp_path / f"changes-{version}.arrow", table)
+    base_id = manifest_of(tmp_path, version - 1)["manifest_id"] if version > 1 else ""
+    return json.loads(
+        service.commit(handle, version - 1, base_id, frame, "a", keys, 0, str(view_path(tmp_path, version)))
+    )
+
+
+def await_view(service: StoreService, handle: str, tmp_path: Path, version: int) -> dict:
+    manifest_id = manifest_of(tmp_path, version)["manifest_id"]
+    return json.loads(service.awaitView(handle, version, manifest_id, str(view_path(tmp_path, version))))
+
+
+def test_a_commit_replies_once_durable_and_its_view_follows(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    backend = service._stores[handle].backend
+    reached, release = hold_at(backend, "apply:written")
+    reply = commit(service, handle, tmp_path, 1, changes({b"a": b"1", b"b": b"2"}), 2)
+    assert "error" not in reply, reply
+    assert reply["viewPending"] is True
+    assert reached.wait(30), "the apply never ran"
+    # The reply came while the apply is held: the version is durable, its view not yet there.
+    assert manifest_of(tmp_path, 1)["num_keys"] == 2
+    assert not (view_path(tmp_path, 1) / "CURRENT").exists()
+    answers: list[dict] = []
+    waiter = threading.Thread(target=lambda: answers.append(await_view(service, handle, tmp_path, 1)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive(), "awaitView returned while the apply was still running"
+    release.set()
+    waiter.join(30)
+    backend.fault_hook = None
+    assert answers and answers[0]["viewLeftByApply"] is True, answers
+    assert read_view(view_path(tmp_path, 1)) == {b"a": b"1", b"b": b"2"}
+    # The next commit builds on the applied local DB and reports that apply's times.
+    reply = commit(service, handle, tmp_path, 2, frames.sorted_by_key(changes({b"c": b"3"}, [b"a"])), 2)
+    assert "error" not in reply, reply
+    assert reply["deferredApplyMs"] >= 0 and "checkpointMs" in reply, reply
+    assert await_view(service, handle, tmp_path, 2)["viewLeftByApply"] is True
+    assert read_view(view_path(tmp_path, 2)) == {b"b": b"2", b"c": b"3"}
+
+
+@pytest.mark.parametrize("point", ["apply:written", "apply:ingested", "apply:checkpointed"])
+def test_a_failed_apply_loses_nothing(tmp_path: Path, point: str) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    assert "error" not in commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1)
+    assert await_view(service, handle, tmp_path, 1)["viewLeftByApply"] is True
+    backend = service._stores[handle].backend
+
+    def fail(at: str) -> None:
+        if at == point:
+            raise OSError(f"injected at {at}")
+
+    backend.fault_hook = fail
+    reply = commit(service, handle, tmp_path, 2, changes({b"b": b"2"}), 2)
+    assert "error" not in reply, reply  # durable before the apply failed
+    backend.fault_hook = None
+    answer = await_view(service, handle, tmp_path, 2)
+    assert "error" not in answer, answer
+    assert answer["viewLeftByApply"] is False  # loaded from the checkpoint instead
+    assert read_view(view_path(tmp_path, 2)) == {b"a": b"1", b"b": b"2"}
+    # The store goes on from the restored local DB.
+    assert commit(service, handle, tmp_path, 3, changes({b"c": b"3"}), 3)["applyFailures"] == 1
+    assert await_view(service, handle, tmp_path, 3)["viewLeftByApply"] is True
+    assert read_view(view_path(tmp_path, 3)) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+
+
+def test_a_view_whose_worker_died_is_loaded_by_the_next(tmp_path: Path) -> None:
+    """A new worker (here a new service) never ran the apply: it loads the version, replacing what
+    the dead worker's apply left half-written in the view directory."""
+    first = StoreService()
+    handle = open_store(first, tmp_path)
+    backend = first._stores[handle].backend
+    reached, release = hold_at(backend, "apply:checkpointed")
+    assert "error" not in commit(first, handle, tmp_path, 1, changes({b"a": b"1", b"z": b"9"}), 2)
+    assert reached.wait(30)
+    (view_path(tmp_path, 1) / "CURRENT").write_text("half-written")  # as a dying worker may leave it
+    second = StoreService()
+    handle2 = open_store(second, tmp_path, instance="i2")
+    answer = json.loads(
+        second.awaitView(handle2, 1, manifest_of(tmp_path, 1)["manifest_id"], str(view_path(tmp_path, 1)))
+    )
+    assert "error" not in answer, answer
+    assert answer["viewLeftByApply"] is False
+    assert read_view(view_path(tmp_path, 1)) == {b"a": b"1", b"z": b"9"}
+    release.set()
+    backend.fault_hook = None
+
+
+def test_a_view_of_a_replaced_attempt_is_refused(tmp_path: Path) -> None:
+    """Another attempt replaced the version this JVM committed (Spark ran the batch twice) before the
+    JVM read it, and this worker's apply failed: the load must not hand over the other attempt's state."""
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    backend = service._stores[handle].backend
+
+    def fail(at: str) -> None:
+        if at == "apply:written":
+            raise OSError("injected")
+
+    backend.fault_hook = fail
+    assert "error" not in commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1)
+    ours = manifest_of(tmp_path, 1)["manifest_id"]
+    backend.fault_hook = None
+    other = make_backend("rocksdb", tmp_path / "store", tmp_path / "other")
+    other.commit(0, changes({b"a": b"other"}), "other", num_keys=1)
+    answer = json.loads(service.awaitView(handle, 1, ours, str(view_path(tmp_path, 1))))
+    assert answer["error"]["type"] == "VersionReplacedError", answer
+    assert ours in answer["error"]["message"]
+
+
+def test_an_unsorted_frame_is_refused_before_anything_is_published(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    unsorted = pa.table(
+        {"op": pa.array([1, 1], pa.int8()), "key": [b"b", b"a"], "value": [b"1", b"2"]}, schema=frames.CHANGES_SCHEMA
+    )
+    reply = commit(service, handle, tmp_path, 1, unsorted, 2)
+    assert "not sorted" in reply["error"]["message"], reply
+    assert not (tmp_path / "store" / "manifests" / "1.json").exists()
+    bad_op = pa.table({"op": pa.array([7], pa.int8()), "key": [b"a"], "value": [b"1"]}, schema=frames.CHANGES_SCHEMA)
+    reply = commit(service, handle, tmp_path, 1, bad_op, 1)
+    assert "unknown op" in reply["error"]["message"], reply
+    assert not (tmp_path / "store" / "manifests" / "1.json").exists()
+
+
+def test_durable_first_can_be_turned_off(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path, durableFirstCommit="false")
+    reply = commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1)
+    assert "error" not in reply and "viewPending" not in reply, reply
+    assert read_view(view_path(tmp_path, 1)) == {b"a": b"1"}  # there when the commit replied
+    service2 = StoreService()
+    with pytest.raises(AssertionError, match="durableFirstCommit"):
+        open_store(service2, tmp_path, instance="i3", durableFirstCommit="maybe")
