@@ -662,11 +662,7 @@ def main() -> None:
                 )
             )
     results = {name: median_of_repeats(runs) for name, runs in per_run.items()}
-    floors = {
-        name: commit_floor_ms(results[name]["commit_bytes"], work)
-        for name in OUR_RUNS
-        if name in results
-    }
+    floors = {name: commit_floor_ms(results[name]["commit_bytes"], work) for name in OUR_RUNS if name in results}
     shutil.rmtree(work, ignore_errors=True)
     spark_version = results[names[0]]["spark"]
 

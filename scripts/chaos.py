@@ -69,7 +69,12 @@ COMMIT_POINTS = [
     "commit:checkpointed",
     "commit:uploaded",
     "commit:manifest-written",
+    # durable first (decision 0032): after the reply, while the worker applies the version
+    "apply:written",
+    "apply:ingested",
+    "apply:checkpointed",
 ]
+APPLY_POINTS = COMMIT_POINTS[-3:]
 RESTORE_POINTS = ["restore:file", "restore:replayed", "download:file"]
 
 # Faults inside the state workers, through the fault seam: each draws its rule's details. "after"
@@ -77,6 +82,7 @@ RESTORE_POINTS = ["restore:file", "restore:replayed", "download:file"]
 SEAM_FAULTS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "worker-exit-mid-commit": lambda r: {"point": r.choice(COMMIT_POINTS), "action": "exit", "after": r.randrange(8)},
     "worker-exit-mid-restore": lambda r: {"point": r.choice(RESTORE_POINTS), "action": "exit", "after": r.randrange(3)},
+    "apply-fails": lambda r: {"point": r.choice(APPLY_POINTS), "action": "fail", "after": r.randrange(8), "times": 2},
     "upload-fails": lambda r: {"point": "upload:file", "action": "fail", "after": r.randrange(4), "times": 2},
     "upload-partial": lambda r: {"point": "upload:chunk", "action": "fail", "after": r.randrange(4)},
     "upload-slow": lambda r: {

@@ -167,15 +167,18 @@ def commit(
     *,
     num_keys: int | None = None,
     num_internal_keys: int = 0,
+    durable_first: bool = False,
 ) -> CommitResult:
     """Commits as the JVM does: with the new version's key count (and, of them, those in internal
     column families) and a view directory, which is removed again (tests read versions through
-    `state_of`)."""
+    `state_of`). With `durable_first`, as the worker's service does: the commit may return once
+    durable, and what it leaves (`finish`) runs at once; a failure there is the service's too (the
+    version stays committed, the local DB is restored by the next call)."""
     if num_keys is None:
         num_keys = count_after(backend, base_version, table, base_manifest_id)
     view = Path(backend.ctx.views_dir) / f"commit-{uuid.uuid4().hex}"
     try:
-        return backend.commit(
+        result = backend.commit(
             base_version,
             table,
             attempt_id,
@@ -183,7 +186,14 @@ def commit(
             num_keys=num_keys,
             num_internal_keys=num_internal_keys,
             view_dir=str(view),
+            durable_first=durable_first,
         )
+        if result.finish is not None:
+            try:
+                result.finish()
+            except Exception:  # noqa: BLE001, S110 - the service logs it and carries on likewise
+                pass
+        return result
     finally:
         shutil.rmtree(view, ignore_errors=True)
 

@@ -114,8 +114,8 @@ def test_a_failed_apply_loses_nothing(tmp_path: Path, point: str) -> None:
     backend.fault_hook = fail
     reply = commit(service, handle, tmp_path, 2, changes({b"b": b"2"}), 2)
     assert "error" not in reply, reply  # durable before the apply failed
+    answer = await_view(service, handle, tmp_path, 2)  # after the apply, which the hook failed
     backend.fault_hook = None
-    answer = await_view(service, handle, tmp_path, 2)
     assert "error" not in answer, answer
     assert answer["viewLeftByApply"] is False  # loaded from the checkpoint instead
     assert read_view(view_path(tmp_path, 2)) == {b"a": b"1", b"b": b"2"}
@@ -154,13 +154,17 @@ def test_a_view_of_a_replaced_attempt_is_refused(tmp_path: Path) -> None:
     handle = open_store(service, tmp_path)
     backend = service._stores[handle].backend
 
+    failed = threading.Event()
+
     def fail(at: str) -> None:
         if at == "apply:written":
+            failed.set()
             raise OSError("injected")
 
     backend.fault_hook = fail
     assert "error" not in commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1)
     ours = manifest_of(tmp_path, 1)["manifest_id"]
+    assert failed.wait(30), "the apply never ran"
     backend.fault_hook = None
     other = make_backend("rocksdb", tmp_path / "store", tmp_path / "other")
     other.commit(0, changes({b"a": b"other"}), "other", num_keys=1)

@@ -81,6 +81,10 @@ COMMIT_POINTS = [
     "upload:file",
     "commit:uploaded",
     "commit:manifest-written",
+    # durable first (decision 0032): the apply after the reply, which the service runs at once
+    "apply:written",
+    "apply:ingested",
+    "apply:checkpointed",
     "local-save:moved",
 ]
 DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from here on keeps the version
@@ -162,6 +166,7 @@ class WorkerSpec:
     local_dir: str
     options: dict[str, str]
     mode: str
+    durable_first: bool = False
 
 
 def die_at(point: str, after: int = 0) -> Callable[[str], None]:
@@ -192,7 +197,9 @@ def doomed_worker(spec: WorkerSpec, action: str, args: dict[str, Any], point: st
     )
     if action == "commit":
         b.fault_hook = with_settled_compactions(b, die_at(point, after))
-        commit(b, args["base"], args["frame"], args["attempt"], num_keys=args["num_keys"])
+        commit(
+            b, args["base"], args["frame"], args["attempt"], num_keys=args["num_keys"], durable_first=spec.durable_first
+        )
     elif action == "maintenance":
         b.fault_hook = with_settled_compactions(b, die_at(point, after))
         run_maintenance(b)
@@ -232,7 +239,7 @@ def with_settled_compactions(backend: StateBackend, fault: Callable[[str], None]
     then `fault` (a rule's simulated crash, or its second instance acting) sees the point."""
 
     def hook(name: str) -> None:
-        if name == "commit:flushed":
+        if name in ("commit:flushed", "apply:ingested"):
             settle_compactions(backend)
         if fault is not None:
             fault(name)
@@ -255,6 +262,7 @@ def run_maintenance(backend: StateBackend) -> dict:
 class BackendModel(RuleBasedStateMachine):
     MODE = "snapshot"
     OPTIONS: dict[str, str] = {}
+    DURABLE_FIRST = False  # commits as the service makes them by default (only changelog ones defer)
 
     @initialize()
     def setup(self) -> None:
@@ -318,6 +326,7 @@ class BackendModel(RuleBasedStateMachine):
             str(self.root / f"local-{self.generation}"),
             dict(MODEL_OPTIONS) | self.OPTIONS | {"localRecoveryDir": str(self.root / "recovery")},
             self.MODE,
+            self.DURABLE_FIRST,
         )
         start_worker_server()
         worker = _WORKERS.Process(target=doomed_worker, args=(spec, action, args, point, after))
@@ -365,7 +374,14 @@ class BackendModel(RuleBasedStateMachine):
     @rule()
     def commit(self) -> None:
         expected = self.expected_next()
-        commit(self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(expected))
+        commit(
+            self.backend,
+            self.base,
+            self.frame(self.pending),
+            f"attempt-{self.generation}",
+            num_keys=len(expected),
+            durable_first=self.DURABLE_FIRST,
+        )
         self.record_commit(expected)
 
     @rule()
@@ -380,7 +396,12 @@ class BackendModel(RuleBasedStateMachine):
         self.set_fault(crash_at(point))
         try:
             commit(
-                self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(expected)
+                self.backend,
+                self.base,
+                self.frame(self.pending),
+                f"attempt-{self.generation}",
+                num_keys=len(expected),
+                durable_first=self.DURABLE_FIRST,
             )
         except SimulatedCrashError:
             durable = COMMIT_POINTS.index(point) >= DURABLE_FROM
@@ -457,7 +478,14 @@ class BackendModel(RuleBasedStateMachine):
         theirs = self.expected_next(other_pending)
         self.set_fault(hook)
         try:
-            commit(self.backend, self.base, self.frame(self.pending), f"attempt-{self.generation}", num_keys=len(mine))
+            commit(
+                self.backend,
+                self.base,
+                self.frame(self.pending),
+                f"attempt-{self.generation}",
+                num_keys=len(mine),
+                durable_first=self.DURABLE_FIRST,
+            )
             published = True
         except LeaseLostError:
             # Frozen past its lease while GC ran: it must not publish (its files may be gone).
@@ -612,6 +640,7 @@ class ChangelogModel(BackendModel):
 
     MODE = "changelog"
     OPTIONS = {"compactSnapshotMaxBytes": "0"}
+    DURABLE_FIRST = True  # the service's default; CompactChangelogModel keeps applying first
 
 
 class CompactChangelogModel(BackendModel):

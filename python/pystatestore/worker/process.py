@@ -42,8 +42,15 @@ class _Unused(importlib.abc.MetaPathFinder):
         return None
 
 
+GIL_SWITCH_SECONDS = 0.0005
+
+
 def main() -> int:
     sys.meta_path.insert(0, _Unused())
+    # Calls from the JVM and the work durable-first commits leave after their replies share the
+    # GIL: a call waiting for it waits at most this long while that work runs Python code (the
+    # default, 5 ms, is longer than a small commit's whole reply path).
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     from .service import StoreService  # imports pyarrow: only once the finder is in place
 
     logging.basicConfig(

@@ -155,7 +155,10 @@ class RocksDBBackend(StateBackend):
                 lease.pin_base(base_version)
             deferrable = self.config.mode == "changelog" and view_dir is not None and not empty_base
             if durable_first and self.config.durable_first and deferrable:
-                whole, changes = commit_phase.small_whole_state(changes, commit_phase.DURABLE_FIRST_MAX_FRAME_BYTES)
+                # Tables (Python callers) are sorted here; a stream (the JVM's) comes sorted and is checked.
+                whole, changes = commit_phase.small_whole_state(
+                    frames.sorted_by_key(changes), commit_phase.DURABLE_FIRST_MAX_FRAME_BYTES
+                )
                 if whole is not None:
                     result = commit_phase.commit_durable_first(
                         self,
