@@ -101,6 +101,7 @@ BREAKDOWN = [
     ("Python worker total, until its reply", "pystatestoreWorkerCommitMs"),
     ("the call to the worker, seen by the JVM", "pystatestoreWorkerCallMs"),
     ("JVM: write Arrow change frame", "pystatestoreBridgeMs"),
+    ("JVM after the reply (cache, coordinator)", "pystatestoreJvmAfterReplyMs"),
     ("whole commit seen by the task", "pystatestoreCommitMs"),
     ("SST of the changes (+segment if not durable first)", "pystatestoreApplyMs"),
     ("ingest it into RocksDB", "pystatestoreFlushMs"),

@@ -552,7 +552,8 @@ def _apply_after_reply(
                 e,
             )
             metrics = {"applyFailures": 1}
-        store.applied_views[view_dir] = ok
+        # A view, once made, is whole (the JVM may already read it) even if the apply failed after it.
+        store.applied_views[view_dir] = ok or os.path.isdir(view_dir)
         while len(store.applied_views) > APPLIED_VIEWS_KEPT:
             store.applied_views.popitem(last=False)
         store.apply_metrics = {**metrics, "deferredApplyMs": _ms(started)}

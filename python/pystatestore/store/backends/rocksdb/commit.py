@@ -255,11 +255,13 @@ def apply_committed(
 ) -> dict[str, int]:
     """The rest of a durable-first commit of `manifest`'s version: the changes into the local DB (one
     ingested SST), its checkpoint at `checkpoint_dir` as the JVM's view, the local copy. A failure
-    leaves the local DB equal to no manifest (the next call restores it from the checkpoint) and
-    no view; the version itself is durable either way."""
+    leaves the local DB equal to no manifest (the next call restores it from the checkpoint) and no
+    view, unless the view was made: a view, once there, is whole and is never removed here (the
+    JVM opens a view directory it finds without asking). The version is durable either way."""
     version = manifest.version
     db = b.db
     metrics: dict[str, int] = {}
+    viewed = False
     try:
         t = time.perf_counter()
         change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version)
@@ -271,12 +273,14 @@ def apply_committed(
         metrics["flushMs"] = elapsed_ms(t)
         b._fault_point("apply:ingested")
         t = time.perf_counter()
-        db.checkpoint(checkpoint_dir)
+        db.checkpoint(checkpoint_dir)  # RocksDB renames it into place whole: the JVM may open it from now on
+        viewed = True
         metrics["checkpointMs"] = elapsed_ms(t)
         b._fault_point("apply:checkpointed")
         db.set_version(version, manifest)
     except BaseException:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        if not viewed:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
         if uploaded_segment is not None:
             uploaded_segment.unlink(missing_ok=True)
         raise

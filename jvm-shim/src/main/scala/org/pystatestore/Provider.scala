@@ -599,6 +599,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         MetricWorkerStartMs -> (acquiredAt - started) / 1000000,
         MetricBridgeMs -> (writtenAt - acquiredAt) / 1000000,
         MetricWorkerCallMs -> (repliedAt - writtenAt) / 1000000,
+        MetricAfterReplyMs -> (done - repliedAt) / 1000000,
         MetricChangedRows -> changedRows,
         MetricKeysLookedUp -> lookedUp,
         MetricFrameBytes -> frameBytes,
@@ -616,6 +617,12 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    * the task loads what the checkpoint holds.
    */
   private def viewMadeAfterCommit(version: Long, manifestId: String, viewDir: File): () => Unit = () => {
+    // RocksDB makes a checkpoint under another name and renames it into place, and the worker never
+    // removes one it made: a directory that is there is the whole view, and needs no call.
+    if (!viewDir.isDirectory) awaitViewFromWorker(version, manifestId, viewDir)
+  }
+
+  private def awaitViewFromWorker(version: Long, manifestId: String, viewDir: File): Unit = {
     val started = System.nanoTime()
     try {
       val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
@@ -651,7 +658,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       }
       out.toList
     }
-    evicted.foreach(_.release())
+    evicted.foreach(RocksViews.releaseLater)
   }
 
   private def forgetFrom(version: Long): Unit = {

@@ -29,6 +29,7 @@ object ProviderMetrics {
   val MetricSnapshotsForced = "pystatestoreSnapshotsForced"
   val MetricStoresLagging = "pystatestoreStoresLagging"
   val MetricViewWaitMs = "pystatestoreViewWaitMs"
+  val MetricAfterReplyMs = "pystatestoreJvmAfterReplyMs"
 
   /** Commit metrics the worker reports in its reply: (metric name, reply field). */
   val WorkerReplyMetrics: Seq[(String, String)] = Seq(
@@ -98,6 +99,8 @@ object ProviderMetrics {
       "pystatestore: commit time writing a durable-first commit's changes as a changelog segment"),
     StateStoreCustomSumMetric("pystatestoreApplyFailures",
       "pystatestore: durable-first commits whose local apply failed after the reply (the view was loaded instead)"),
+    StateStoreCustomTimingMetric(MetricAfterReplyMs,
+      "pystatestore: commit time in the JVM after the worker's reply (caching the version, Spark's coordinator)"),
     StateStoreCustomTimingMetric(MetricViewWaitMs,
       "pystatestore: time reads waited for the read views of durable-first commits"),
     StateStoreCustomTimingMetric("pystatestoreUploadMs", "pystatestore: commit time uploading files"),

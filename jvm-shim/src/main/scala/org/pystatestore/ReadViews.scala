@@ -302,6 +302,22 @@ object RocksViews extends Logging {
 
   def noteWorkerRss(slot: Int, bytes: Long): Unit = if (bytes > 0) workerRss.put(slot, bytes)
 
+  private lazy val releaser = java.util.concurrent.Executors.newSingleThreadExecutor(
+    new java.util.concurrent.ThreadFactory {
+      override def newThread(r: Runnable): Thread = {
+        val t = new Thread(r, "pystatestore-view-releases")
+        t.setDaemon(true)
+        t
+      }
+    })
+
+  /**
+   * Releases `version` on a background thread: a provider's cache evicts its oldest version when
+   * a commit adds one, and closing that view's RocksDB and deleting its directory cost the commit
+   * milliseconds on the task's thread.
+   */
+  def releaseLater(version: CommittedVersion): Unit = releaser.execute(() => version.release())
+
   def providerOpened(): Unit = openProviders.incrementAndGet()
   def providerClosed(): Unit = openProviders.decrementAndGet()
   def viewsOpen: Long = openViews.get()
@@ -323,8 +339,8 @@ object RocksViews extends Logging {
  * the first reference, each store and each open iterator one more). Reads hold a read lock and the
  * final close the write lock, so no native call ever runs on a closed handle. A view a durable-first
  * commit left to the worker to make after it replied comes with `awaitReady`, called once, before
- * the first open, outside every monitor (it is a worker call); a failed one is tried again by the
- * next read.
+ * the first open, outside every monitor (it may call the worker); a failed one is tried again by
+ * the next read.
  */
 final class RocksView(
     val dir: File,
