@@ -350,6 +350,17 @@ class BackendModel(RuleBasedStateMachine):
         puts = {k: v for k, v in pending.items() if v is not None}
         return changes(puts, [k for k, v in pending.items() if v is None])
 
+    def commit_pending(self, num_keys: int) -> None:
+        """This worker commits the pending changes on its base, as the service would."""
+        commit(
+            self.backend,
+            self.base,
+            self.frame(self.pending),
+            f"attempt-{self.generation}",
+            num_keys=num_keys,
+            durable_first=self.DURABLE_FIRST,
+        )
+
     def record_commit(self, state: dict[bytes, bytes]) -> None:
         self.base += 1
         self.set_committed(self.base, state)
@@ -374,14 +385,7 @@ class BackendModel(RuleBasedStateMachine):
     @rule()
     def commit(self) -> None:
         expected = self.expected_next()
-        commit(
-            self.backend,
-            self.base,
-            self.frame(self.pending),
-            f"attempt-{self.generation}",
-            num_keys=len(expected),
-            durable_first=self.DURABLE_FIRST,
-        )
+        self.commit_pending(len(expected))
         self.record_commit(expected)
 
     @rule()
@@ -395,14 +399,7 @@ class BackendModel(RuleBasedStateMachine):
         expected = self.expected_next()
         self.set_fault(crash_at(point))
         try:
-            commit(
-                self.backend,
-                self.base,
-                self.frame(self.pending),
-                f"attempt-{self.generation}",
-                num_keys=len(expected),
-                durable_first=self.DURABLE_FIRST,
-            )
+            self.commit_pending(len(expected))
         except SimulatedCrashError:
             durable = COMMIT_POINTS.index(point) >= DURABLE_FROM
             if durable:  # durable, though the task never heard back
@@ -478,14 +475,7 @@ class BackendModel(RuleBasedStateMachine):
         theirs = self.expected_next(other_pending)
         self.set_fault(hook)
         try:
-            commit(
-                self.backend,
-                self.base,
-                self.frame(self.pending),
-                f"attempt-{self.generation}",
-                num_keys=len(mine),
-                durable_first=self.DURABLE_FIRST,
-            )
+            self.commit_pending(len(mine))
             published = True
         except LeaseLostError:
             # Frozen past its lease while GC ran: it must not publish (its files may be gone).

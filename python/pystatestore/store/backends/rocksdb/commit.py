@@ -112,14 +112,7 @@ def commit_under(
         b._fault_point("commit:checkpointed")
         t = time.perf_counter()
         if segment_path is not None:
-            changes_ref, uploaded = store_changes(b, segment_path, rows, version, lease.token, b.config.inline_bytes)
-            manifest = b.new_changelog_manifest(
-                version,
-                num_keys,
-                attempt_id,
-                parent_manifest_id=base.manifest_id if base else "",
-                changes=changes_ref,
-            )
+            manifest, uploaded = changelog_manifest(b, lease, segment_path, rows, version, num_keys, attempt_id, base)
         else:
             manifest, uploaded = snapshot_of_checkpoint(
                 b, checkpoint_dir, version, num_keys, attempt_id, lease.token, reusable_for(b, base)
@@ -127,15 +120,8 @@ def commit_under(
         manifest.num_internal_keys = num_internal_keys
         metrics["uploadMs"] = elapsed_ms(t)
         b._fault_point("commit:uploaded")
-        t = time.perf_counter()
-        manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
-        body = manifest.to_json()
-        lease.check_before_publish()
-        if lease.base_version is not None and base is not None:
-            check_base_intact(b, base)
-        b.remote.publish(manifest.path, body)  # the commit point
+        body = publish(b, lease, base, manifest, metrics)
         published = True
-        metrics["manifestMs"] = elapsed_ms(t)
         b._fault_point("commit:manifest-written")
         keep_local_copy(b, version, manifest, checkpoint_dir, segment_path if uploaded else None, rows, metrics)
     finally:
@@ -148,6 +134,40 @@ def commit_under(
         db.ancestor = manifest
         db.snapshot_at = version
     return commit_result(manifest, len(body), uploaded, metrics)
+
+
+def changelog_manifest(
+    b: RocksDBBackend,
+    lease: CommitLease,
+    segment: Path,
+    rows: int,
+    version: int,
+    num_keys: int,
+    attempt_id: str,
+    base: Manifest | None,
+) -> tuple[Manifest, list[FileRef]]:
+    """The changelog manifest of `version` on `base` with `segment` stored (inline or uploaded)."""
+    changes_ref, uploaded = store_changes(b, segment, rows, version, lease.token, b.config.inline_bytes)
+    manifest = b.new_changelog_manifest(
+        version, num_keys, attempt_id, parent_manifest_id=base.manifest_id if base else "", changes=changes_ref
+    )
+    return manifest, uploaded
+
+
+def publish(
+    b: RocksDBBackend, lease: CommitLease, base: Manifest | None, manifest: Manifest, metrics: dict[str, int]
+) -> bytes:
+    """The commit point: `manifest`, with its steps' times, published under the attempt's lease once
+    a base the lease pinned is known to be still whole. Returns the body written."""
+    t = time.perf_counter()
+    manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
+    body = manifest.to_json()
+    lease.check_before_publish()
+    if lease.base_version is not None and base is not None:
+        check_base_intact(b, base)
+    b.remote.publish(manifest.path, body)
+    metrics["manifestMs"] = elapsed_ms(t)
+    return body
 
 
 def keep_local_copy(
@@ -212,25 +232,11 @@ def commit_durable_first(
         metrics["segmentMs"] = elapsed_ms(t)
         b._fault_point("commit:applied")
         t = time.perf_counter()
-        changes_ref, uploaded = store_changes(b, segment_path, rows, version, lease.token, b.config.inline_bytes)
-        manifest = b.new_changelog_manifest(
-            version,
-            num_keys,
-            attempt_id,
-            parent_manifest_id=base.manifest_id if base else "",
-            changes=changes_ref,
-        )
+        manifest, uploaded = changelog_manifest(b, lease, segment_path, rows, version, num_keys, attempt_id, base)
         manifest.num_internal_keys = num_internal_keys
         metrics["uploadMs"] = elapsed_ms(t)
         b._fault_point("commit:uploaded")
-        t = time.perf_counter()
-        manifest.commit_ms = {k: v for k in TIMED_STEPS if (v := metrics.get(k)) is not None}
-        body = manifest.to_json()
-        lease.check_before_publish()
-        if lease.base_version is not None and base is not None:
-            check_base_intact(b, base)
-        b.remote.publish(manifest.path, body)  # the commit point
-        metrics["manifestMs"] = elapsed_ms(t)
+        body = publish(b, lease, base, manifest, metrics)
         b._fault_point("commit:manifest-written")
     except BaseException:
         segment_path.unlink(missing_ok=True)
