@@ -23,6 +23,7 @@ from .verification import VerifyReport, verify_checkpoint
 MIB = 1024 * 1024
 STEP_LABELS = {
     "restoreMs": "restore base",
+    "segmentMs": "changelog segment (durable first)",
     "applyMs": "apply changes",
     "flushMs": "ingest",
     "checkpointMs": "RocksDB checkpoint",

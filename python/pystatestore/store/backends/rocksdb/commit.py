@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from ...manifest import FileRef, Manifest
     from . import RocksDBBackend
 
-# The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them).
-TIMED_STEPS = ("restoreMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
+# The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them). A
+# durable-first commit records its segment, not the SST and ingest that come after its manifest.
+TIMED_STEPS = ("restoreMs", "segmentMs", "applyMs", "flushMs", "checkpointMs", "uploadMs")
 
 # A whole state written on an empty base becomes a compact snapshot (one segment, no local DB) when its
 # frame is at most this many times compactSnapshotMaxBytes: a segment is zstd-compressed, so a frame
