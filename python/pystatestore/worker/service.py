@@ -163,13 +163,12 @@ class _Store:
         self.busy_since = 0.0
         self.snapshotting = False  # a snapshot is being made (uploaded without the lock)
         # Work a call leaves to run under the lock after it replied (a durable-first commit's apply).
+        # Only the thread holding the lock touches it: the call that leaves it, then starts it.
         self._after: tuple[str, Callable[[], None]] | None = None
         # View directory -> whether the apply that was to leave it did (newest last).
         self.applied_views: OrderedDict[str, bool] = OrderedDict()
         # The metrics of the newest apply that ran after its commit replied, for the next commit's reply.
         self.apply_metrics: dict[str, int] = {}
-        self._pending: Callable[[], None] | None = None  # left under the lock, not yet started
-        self._after_lock = threading.Lock()
 
     def run_after_reply(self, what: str, work: Callable[[], None]) -> None:
         """Inside `locked`: the lock stays held when the call leaves the block, and `work` runs on
@@ -180,9 +179,9 @@ class _Store:
     def start_after_reply(self) -> None:
         """Starts the work a call left under the lock (none: nothing to do). Call exactly once after
         every call that may have left some, whatever its outcome."""
-        with self._after_lock:
-            work, self._pending = self._pending, None
-        if work is not None:
+        after, self._after = self._after, None
+        if after is not None:
+            work = after[1]
             _after_reply.submit(lambda: self._run_then_release(work))
 
     def _run_then_release(self, work: Callable[[], None]) -> None:
@@ -209,15 +208,11 @@ class _Store:
         try:
             yield self.backend
         finally:
-            after, self._after = self._after, None
-            if after is None:
+            if self._after is None:
                 self.busy_with = None
                 self.lock.release()
-            else:
-                what, work = after
-                self.busy_with, self.busy_since = what, time.time()
-                with self._after_lock:
-                    self._pending = work
+            else:  # held for the work left, until start_after_reply has run it
+                self.busy_with, self.busy_since = self._after[0], time.time()
 
 
 class StoreService:
