@@ -47,6 +47,8 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
 
   private var open = true
   private var writes = 0L
+  /** The newest position a point-in-time view was taken at: records before it are never rewritten. */
+  private var viewFloor = 0L
   /** Reused to hand a record's bytes to the commit. */
   private var scratch = new Array[Byte](256)
 
@@ -169,6 +171,34 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     keyIndex.insert(slot, hash, append(MarkFlag | (if (present) Present else Absent), NoRecord, encoded, null))
   }
 
+  /**
+   * Can the write of `value` take the place of the read mark at `pos`? Spark reads most keys just
+   * before writing them (an aggregation's get, then put), so the mark is usually the newest record:
+   * the write then overwrites it where it lies and the key costs one record, not two (a million new
+   * keys per store and batch at the 32M-key scale: 41 MB less per store). Only when no point-in-time
+   * view was taken since the mark was written (a view would see the write appear before its
+   * position) and the write fits in what is left of the newest page.
+   */
+  private def foldable(pos: Long, keyLength: Int, value: UnsafeRow): Boolean = {
+    val offset = pos & 0xffffffffL
+    (flagsOf(pos) & MarkFlag) != 0 && pos >= viewFloor && (pos >>> 32) == native.count - 1 &&
+      offset + header + keyLengthOf(pos) == used &&
+      offset + header + keyLength + (if (value == null) 0 else value.getSizeInBytes) <= native.sizes(native.count - 1)
+  }
+
+  /** Turns the read mark at `pos` (the newest record, see `foldable`) into a write of `value`. */
+  private def overwriteMark(pos: Long, flags: Int, value: UnsafeRow): Long = {
+    val address = addressOf(pos)
+    val keyLength = keyLengthOf(pos)
+    val valueLength = if (value == null) 0 else value.getSizeInBytes
+    // A mark has no previous record and nothing supersedes it; the key's bytes stay where they are.
+    Platform.putByte(null, address + FlagsAt, flags.toByte)
+    Platform.putInt(null, address + ValueLengthAt, valueLength)
+    if (value != null) value.writeToMemory(null, address + header + keyLength)
+    used = ((pos & 0xffffffffL) + header + keyLength + valueLength).toInt
+    pos
+  }
+
   /** Buffers `value` for `key`; null buffers a delete. */
   def write(key: UnsafeRow, value: UnsafeRow): Unit = synchronized {
     checkOpen()
@@ -177,12 +207,18 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
     val slot = slotOf(keyIndex, hash, encoded, encoded.length, prefix = false)
     val old = keyIndex.positionAt(slot)
     val inBase = if (old == NoRecord) Unknown else flagsOf(old) & BaseMask
-    val pos = append(inBase | (if (value == null) DeleteFlag else 0), old, encoded, value)
-    if (old == NoRecord) keyIndex.insert(slot, hash, pos)
-    else {
-      Platform.putLong(null, addressOf(old) + NextAt, pos)
-      keyIndex.replace(slot, pos)
-    }
+    val flags = inBase | (if (value == null) DeleteFlag else 0)
+    val pos =
+      if (old != NoRecord && foldable(old, encoded.length, value)) overwriteMark(old, flags, value)
+      else {
+        val appended = append(flags, old, encoded, value)
+        if (old == NoRecord) keyIndex.insert(slot, hash, appended)
+        else {
+          Platform.putLong(null, addressOf(old) + NextAt, appended)
+          keyIndex.replace(slot, appended)
+        }
+        appended
+      }
     if (prefixed) {
       val length = prefixLength(encoded)
       val prefixHash = hashOf(encoded, length)
@@ -206,7 +242,9 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
   /** A position in the log: every record written from now on is at or after it. */
   def now: Long = synchronized {
     checkOpen()
-    if (native.count == 0) 0L else ((native.count - 1).toLong << 32) | used
+    val at = if (native.count == 0) 0L else ((native.count - 1).toLong << 32) | used
+    viewFloor = math.max(viewFloor, at)
+    at
   }
 
   /** Is `pos` the key's newest write as of `at` (written before it and not superseded before it)? */
