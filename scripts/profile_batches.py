@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import RUNS, WARMUP_BATCHES, WORKLOAD_TEXT, write_inputs  # noqa: E402
+from bench import RUNS, WARMUP_BATCHES, WORKLOAD_TEXT, compile_session_buffers, write_inputs  # noqa: E402
 from bench_scale import kind_of, subtree  # noqa: E402
 from pystatestore.spark_minors import BUILT_AGAINST  # noqa: E402
 
@@ -157,6 +157,8 @@ def child_main(spec_file: Path) -> None:
 
 def profile(name: str, args: argparse.Namespace, work: Path, input_dir: Path) -> dict:
     provider, confs = RUNS[name]
+    # The flatmap-sessions workload's Scala function, compiled against the running Spark.
+    jars = {"spark.jars": str(compile_session_buffers(work))} if args.workload == "flatmap-sessions" else {}
     recording = work / f"{name}.jfr"
     spec_file, result = work / f"{name}.spec.json", work / f"{name}.result.json"
     local = {"spark.sql.streaming.stateStore.pystatestore.localRecoveryDir": str(work / f"recovery-{name}")}
@@ -164,7 +166,8 @@ def profile(name: str, args: argparse.Namespace, work: Path, input_dir: Path) ->
         "app": f"pystatestore-profile-{name}",
         "partitions": args.partitions,
         "session_conf": {
-            "spark.driver.extraJavaOptions": f"-XX:StartFlightRecording=filename={recording},settings=profile"
+            "spark.driver.extraJavaOptions": f"-XX:StartFlightRecording=filename={recording},settings=profile",
+            **jars,
         },
         "sql_conf": {"spark.sql.streaming.stateStore.providerClass": provider, **confs, **local},
         "input": str(input_dir),
