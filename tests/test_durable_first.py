@@ -200,25 +200,3 @@ def test_durable_first_can_be_turned_off(tmp_path: Path) -> None:
     service2 = StoreService()
     with pytest.raises(AssertionError, match="durableFirstCommit"):
         open_store(service2, tmp_path, instance="i3", durableFirstCommit="maybe")
-
-
-def sst_bytes(view: Path) -> int:
-    return sum(p.stat().st_size for p in view.glob("*.sst"))
-
-
-@pytest.mark.parametrize("durable_first", [True, False])
-def test_a_durable_first_apply_writes_its_changes_uncompressed(tmp_path: Path, durable_first: bool) -> None:
-    """Decision 0034: the SST a durable-first apply ingests is not compressed (its segment is the
-    durable, compressed copy; a compaction compresses it later); a commit that applies its frame
-    first compresses it. Judged by the bytes of the view's SST files, which read back whole."""
-    service = StoreService()
-    handle = open_store(service, tmp_path, durableFirstCommit=str(durable_first).lower())
-    pairs = {f"k{i:04d}".encode(): b"session-event " * 80 for i in range(1000)}  # 1.1 MB, compresses 50x
-    reply = commit(service, handle, tmp_path, 1, frames.sorted_by_key(changes(pairs)), len(pairs))
-    assert "error" not in reply, reply
-    if durable_first:
-        assert await_view(service, handle, tmp_path, 1)["viewLeftByApply"] is True
-    raw = sum(len(k) + len(v) for k, v in pairs.items())
-    written = sst_bytes(view_path(tmp_path, 1))
-    assert (written > raw) if durable_first else (written < raw // 10), (written, raw)
-    assert read_view(view_path(tmp_path, 1)) == pairs

@@ -271,8 +271,7 @@ def apply_committed(
     viewed = False
     try:
         t = time.perf_counter()
-        # At most DURABLE_FIRST_MAX_FRAME_BYTES: a compaction merges it soon, and compresses then.
-        change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version, compress=False)
+        change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version)
         metrics["applyMs"] = elapsed_ms(t)
         b._fault_point("apply:written")
         t = time.perf_counter()

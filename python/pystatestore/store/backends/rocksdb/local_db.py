@@ -44,14 +44,6 @@ class LocalDB:
     def options(self, *, create: bool) -> rocksdict.Options:
         return db_options(self.l0_trigger, create=create)
 
-    def uncompressed(self) -> rocksdict.Options:
-        """The options of an uncompressed change file (decision 0034): the durable copy of a commit's
-        changes is its segment, and the compaction that merges the file compresses what it writes;
-        compressing the file too took two thirds of its write for 4 KiB values."""
-        opts = self.options(create=True)
-        opts.set_compression_type(rocksdict.DBCompressionType.none())
-        return opts
-
     def open(self, db_dir: Path, version: int, manifest: Manifest | None) -> None:
         """Opens `db_dir` as the local DB of `version`. Only version 0 may start empty: a DB restored
         for a manifest must exist, and must hold keys when the manifest says it does."""
@@ -128,19 +120,12 @@ class LocalDB:
         self.db.ingest_external_file([str(f) for f in change_files], ingest)
 
     def write_change_file(
-        self,
-        batches: Iterable[pa.RecordBatch],
-        version: int,
-        *,
-        also: changelog.SegmentWriter | None = None,
-        compress: bool = True,
+        self, batches: Iterable[pa.RecordBatch], version: int, *, also: changelog.SegmentWriter | None = None
     ) -> Path | None:
         """Writes a version's changes (batches in key order) as one SST file (puts, and deletes as
         tombstones), to be ingested into the DB: no memtable to fill and no flush, so a large commit
         costs the worker a data block of memory, not the whole batch. Each batch also goes to `also`
-        (the changelog segment). None when there are no changes. Without `compress` the file is
-        written uncompressed (decision 0034): for a small commit's changes, which a compaction soon
-        merges and compresses; a bulk load's file may stay the bottom run for long, so it is compressed."""
+        (the changelog segment). None when there are no changes."""
         path = self.work_dir / f"changes-{version}-{uuid.uuid4().hex[:8]}.sst"
         writer: rocksdict.SstFileWriter | None = None
         try:
@@ -150,7 +135,7 @@ class LocalDB:
                 if also is not None:
                     also.write(chunk)
                 if writer is None:
-                    writer = rocksdict.SstFileWriter(self.options(create=True) if compress else self.uncompressed())
+                    writer = rocksdict.SstFileWriter(self.options(create=True))
                     writer.open(str(path))
                 ops = chunk.column(0).to_pylist()
                 keys = chunk.column(1).to_pylist()
