@@ -155,10 +155,8 @@ def child_main(spec_file: Path) -> None:
     query_child(spec_file)
 
 
-def profile(name: str, args: argparse.Namespace, work: Path, input_dir: Path) -> dict:
+def profile(name: str, args: argparse.Namespace, work: Path, input_dir: Path, jars: dict[str, str]) -> dict:
     provider, confs = RUNS[name]
-    # The flatmap-sessions workload's Scala function, compiled against the running Spark.
-    jars = {"spark.jars": str(compile_session_buffers(work))} if args.workload == "flatmap-sessions" else {}
     recording = work / f"{name}.jfr"
     spec_file, result = work / f"{name}.spec.json", work / f"{name}.result.json"
     local = {"spark.sql.streaming.stateStore.pystatestore.localRecoveryDir": str(work / f"recovery-{name}")}
@@ -260,7 +258,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pss-profile-"))
     input_dir = work / "input"
     write_inputs(input_dir, args.keys, int(args.keys * args.touched_pct / 100), args.batches)
-    results = [profile(name, args, work, input_dir) for name in args.runs.split(",")]
+    # The flatmap-sessions workload's Scala function, compiled once against the running Spark.
+    jars = {"spark.jars": str(compile_session_buffers(work))} if args.workload == "flatmap-sessions" else {}
+    results = [profile(name, args, work, input_dir, jars) for name in args.runs.split(",")]
     text = report(results, args)
     print(text)
     if args.out:
