@@ -1,0 +1,72 @@
+"""Benchmark: one point read in the JVM through Spark's rocksdbjni, `get` alone against
+`keyMayExist` first (what pystatestore's read views do, decision 0035), for missing and present keys.
+
+rocksdbjni's `get` reports a missing key by throwing and catching a C++ exception inside the native
+call; a growing state's new keys are all misses. `scripts/jvm/PointReadBench.java` runs in a JVM of
+its own per Spark minor (its rocksdbjni jar on the classpath), builds a read-only DB of `--keys` keys
+and times each kind of read over every key, `--rounds` times; reported: medians per read and ratios.
+
+    .venv/bin/python scripts/bench_point_reads.py [--keys 1000000] [--rounds 5] [--pyspark 4.1,4.2,4.3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_jar  # noqa: E402 - scripts/ is not a package
+
+SOURCE = Path(__file__).resolve().parent / "jvm" / "PointReadBench.java"
+CASES = ("miss_get", "miss_maybe", "hit_get", "hit_maybe")
+
+
+def run_minor(minor: str, keys: int, rounds: int) -> tuple[str, dict[str, float]]:
+    """(rocksdbjni jar name, median microseconds per read of each case) on `minor`'s rocksdbjni."""
+    jar = sorted(glob.glob(str(build_jar.spark_jars_dir(minor) / "rocksdbjni-*.jar")))[-1]
+    out = subprocess.run(
+        ["java", "-cp", jar, str(SOURCE), str(keys), str(rounds)], check=True, capture_output=True, text=True
+    ).stdout
+    rows = [dict(f.split("=") for f in line.split()[1:]) for line in out.splitlines() if line.startswith("ROUND")]
+    return Path(jar).name, {c: statistics.median(float(r[c]) for r in rows) for c in CASES}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pyspark", default="4.1,4.2,4.3")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    lines = [
+        f"# pystatestore point-read bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}",
+        f"# machine: {platform.machine()}, one JVM per Spark minor; {args.keys:,} keys of 10 bytes, values of 12"
+        f" bytes, a read-only DB with the read views' table options; medians of {args.rounds} rounds, µs per read",
+        "",
+        "spark  rocksdbjni              miss: get  keyMayExist first   hit: get  keyMayExist first"
+        "   miss ratio  hit ratio",
+    ]
+    for minor in args.pyspark.split(","):
+        jar, m = run_minor(minor, args.keys, args.rounds)
+        lines.append(
+            f"{minor:<6} {jar:<22} {m['miss_get']:>9.2f}  {m['miss_maybe']:>17.2f}  {m['hit_get']:>9.2f}"
+            f"  {m['hit_maybe']:>17.2f}  {m['miss_maybe'] / m['miss_get']:>9.2f}x"
+            f"  {m['hit_maybe'] / m['hit_get']:>8.2f}x"
+        )
+    lines.append("")
+    lines.append("(ratio: keyMayExist first / get alone; < 1 means the views' way is faster)")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
