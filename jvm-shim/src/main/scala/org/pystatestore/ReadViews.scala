@@ -252,6 +252,8 @@ final class FamilyKeys(val familyId: Int, val inner: KeyCodec) extends KeyCodec 
  */
 object RocksViews extends Logging {
   val DefaultBlockCacheMB = 32L
+  /** Point reads a view weighs when it picks how to read a key (halved once reached). */
+  val RecentReadsWindow = 1024
   private val IndexAndFilterShare = 0.5
   private var cache: LRUCache = _
   private var options: Options = _
@@ -360,6 +362,8 @@ final class RocksView(
   private var readOptionsValue: ReadOptions = _
   private val readyLock = new Object
   @volatile private var ready = awaitReady == null
+  private var recentReads = 0
+  private var recentMisses = 0
 
   private def readOptions: ReadOptions = synchronized {
     if (readOptionsValue == null) readOptionsValue = new ReadOptions().setVerifyChecksums(true)
@@ -436,13 +440,22 @@ final class RocksView(
 
   /**
    * The value of `k`, or null. rocksdbjni's `get` reports a missing key by throwing and catching a
-   * C++ exception inside the native call, which made a miss cost 2-3x a hit (decision 0035); a new
-   * key of a growing state is a miss. `keyMayExist` answers from the filters and cached blocks
-   * without that, and its false is certain; `get` reads the rest. Only its yes/no is used: the value
-   * it can return from cache came back empty for some present keys in rocksdbjni 9.8.4.
+   * C++ exception inside the native call: a miss costs more than a hit (decision 0035), and every
+   * new key of a growing state is a miss. `keyMayExist` rules a missing key out from the filters and
+   * cached blocks without that, but a present key then costs a second lookup. So the view asks it
+   * first only while most of its recent reads missed. (Its cached value is not used: it came back
+   * empty for some present keys in rocksdbjni 9.8.4.)
    */
-  private def lookup(d: RocksDB, k: Array[Byte]): Array[Byte] =
-    if (d.keyMayExist(readOptions, k, null)) d.get(readOptions, k) else null
+  private def lookup(d: RocksDB, k: Array[Byte]): Array[Byte] = {
+    val v =
+      if (recentMisses * 2 > recentReads) { if (d.keyMayExist(readOptions, k, null)) d.get(readOptions, k) else null }
+      else d.get(readOptions, k)
+    // Unsynchronized: tasks sharing a view may lose a count, which only delays the choice.
+    recentReads += 1
+    if (v == null) recentMisses += 1
+    if (recentReads >= RocksViews.RecentReadsWindow) { recentReads >>= 1; recentMisses >>= 1 } // follow the recent mix
+    v
+  }
 
   private def containsWith(keys: KeyCodec, key: UnsafeRow): Boolean =
     reading(_.keyExists(readOptions, keys.encode(key)))
