@@ -448,12 +448,16 @@ final class RocksView(
    */
   private def lookup(d: RocksDB, k: Array[Byte]): Array[Byte] = {
     val v =
-      if (recentMisses * 2 > recentReads) { if (d.keyMayExist(readOptions, k, null)) d.get(readOptions, k) else null }
-      else d.get(readOptions, k)
+      if (recentMisses * 2 <= recentReads) d.get(readOptions, k)
+      else if (d.keyMayExist(readOptions, k, null)) d.get(readOptions, k)
+      else null
     // Unsynchronized: tasks sharing a view may lose a count, which only delays the choice.
     recentReads += 1
     if (v == null) recentMisses += 1
-    if (recentReads >= RocksViews.RecentReadsWindow) { recentReads >>= 1; recentMisses >>= 1 } // follow the recent mix
+    if (recentReads >= RocksViews.RecentReadsWindow) { // halve both: follow the recent mix
+      recentReads >>= 1
+      recentMisses >>= 1
+    }
     v
   }
 
