@@ -18,7 +18,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import pyspark, pyarrow, rocksdict, py4j, click, rich" # fail early if the install did not take
+.venv/bin/python -c "import pyspark, pyarrow, rocksdict, py4j, click, rich, zlib_ng" # fail early if the install did not take
 
 # The wheel carries a jar per Spark minor, each compiled against that minor's own pyspark jars/:
 # install each supported pyspark (no deps) once per machine under ~/.cache/pystatestore; pip's

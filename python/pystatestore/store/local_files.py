@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import zlib
 from pathlib import Path
 
 
@@ -57,12 +56,3 @@ def make_private_dir(path: Path, *, create: bool = True) -> None:
         raise UnsafeDirectoryError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
-
-
-def file_checksum(path: Path) -> tuple[int, str]:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, f"crc32:{crc & 0xFFFFFFFF:08x}"

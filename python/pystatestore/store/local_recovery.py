@@ -34,14 +34,14 @@ import shutil
 import stat
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checksums import checksum, file_checksum
 from .errors import InvalidPathError
-from .local_files import file_checksum, link_or_copy_tree, make_private_dir
+from .local_files import link_or_copy_tree, make_private_dir
 from .manifest import FileRef
 from .remote import local_file_in
 
@@ -217,11 +217,11 @@ class LocalRecoveryStore:
             if not isinstance(listed, dict) or not listed:
                 return None
             out: dict[str, Path] = {}
-            for name, (size, checksum) in listed.items():
+            for name, (size, expected) in listed.items():
                 try:
                     path = Path(local_file_in(copy.path, name, store=self.store_dir, version=version))
                     st = path.lstat()
-                    ok = stat.S_ISREG(st.st_mode) and st.st_size == size and file_checksum(path) == (size, checksum)
+                    ok = stat.S_ISREG(st.st_mode) and st.st_size == size and file_checksum(path) == (size, expected)
                 except (OSError, InvalidPathError, ValueError, TypeError):
                     ok = False
                 if not ok:
@@ -285,10 +285,10 @@ class LocalRecoveryStore:
                 st = candidate.lstat()
                 if not stat.S_ISREG(st.st_mode) or st.st_size != ref.size:
                     continue
-                size, checksum = file_checksum(candidate)
+                size, found = file_checksum(candidate)
             except OSError:
                 continue
-            if size == ref.size and checksum == ref.checksum:
+            if size == ref.size and found == ref.checksum:
                 return candidate
             log.warning(
                 "local recovery copy %s of store %s (version %d) does not match the manifest "
@@ -296,7 +296,7 @@ class LocalRecoveryStore:
                 candidate,
                 self.store_dir,
                 version,
-                checksum,
+                found,
                 ref.checksum,
             )
         return None
@@ -417,8 +417,8 @@ class LocalRecoveryStore:
             data = path.read_bytes()
         except OSError:
             return None  # pruned by another instance of the store since the check
-        checksum = f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
-        if len(data) == ref.size and checksum == ref.checksum:
+        found = checksum(data)
+        if len(data) == ref.size and found == ref.checksum:
             return data
         log.warning(
             "kept changes %s of store %s (version %d) do not match the manifest (checksum %s, expected %s); "
@@ -426,7 +426,7 @@ class LocalRecoveryStore:
             path,
             self.store_dir,
             version,
-            checksum,
+            found,
             ref.checksum,
         )
         path.unlink(missing_ok=True)

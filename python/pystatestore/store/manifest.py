@@ -18,10 +18,10 @@ import re
 import socket
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .checksums import checksum
 from .errors import CheckpointDamagedError, InvalidPathError
 from .remote import validate_file_name, validate_relative_path
 
@@ -46,11 +46,6 @@ KEY_ENCODINGS = (KEY_ENCODING_RAW, KEY_ENCODING_PREFIX, KEY_ENCODING_FAMILIES)
 # Fields a changelog manifest leaves out when they hold these values (from_json's defaults).
 _DEFAULTS: dict[str, Any] = {"column_families": ["default"], "key_encoding": KEY_ENCODING_RAW, "num_internal_keys": 0}
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:-([0-9A-Za-z_.-]+))?\.json$")
-
-
-def checksum(data: bytes | memoryview | Any) -> str:
-    """CRC-32 of a bytes-like object (pyarrow Buffers included), as stored in manifests."""
-    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
 def manifest_path(version: int, checkpoint_id: str | None = None) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import uuid
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
+from .checksums import checksum_text, crc32
 from .errors import CheckpointDamagedError
 from .manifest import FileRef
 from .remote import RemoteStore, local_file_in
@@ -36,16 +36,12 @@ class TransferStats:
     bytes: int
 
 
-def _crc_text(crc: int) -> str:
-    return f"crc32:{crc & 0xFFFFFFFF:08x}"
-
-
 def upload_file(remote: RemoteStore, local: Path, rel: str, *, hook: TransferHook | None = None) -> FileRef:
     """Copies one local file to `rel`, computing its checksum on the way."""
     remote.create_parent(rel)
     with open(local, "rb") as src, remote.open_output(rel) as out:
         crc, size = _copy(src, out, hook, "upload:chunk")
-    return FileRef(rel, size, _crc_text(crc))
+    return FileRef(rel, size, checksum_text(crc))
 
 
 def _copy(
@@ -56,7 +52,7 @@ def _copy(
     crc, size = 0, 0
     while n := src.readinto(buffer):
         chunk = buffer[:n]
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
         size += n
         out.write(chunk)
         if hook is not None:
@@ -81,9 +77,9 @@ def download_file(
     try:
         with remote.open_input(ref.path, version=version) as src, open(tmp, "xb") as out:
             crc, size = _copy(src, out, hook, "download:chunk")
-        if size != ref.size or _crc_text(crc) != ref.checksum:
+        if size != ref.size or checksum_text(crc) != ref.checksum:
             raise CheckpointDamagedError(
-                f"downloaded {size} bytes with {_crc_text(crc)}, "
+                f"downloaded {size} bytes with {checksum_text(crc)}, "
                 f"the manifest says {ref.size} bytes with {ref.checksum}",
                 store=remote.uri,
                 version=version,
