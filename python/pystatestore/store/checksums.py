@@ -12,8 +12,8 @@ from typing import Any
 
 from zlib_ng.zlib_ng import crc32
 
-# One reused buffer per read: a fresh 4 MiB bytes object per chunk page-faulted its memory in again
-# each time, which cost as much as the CRC itself.
+# A file is read chunk after chunk into one buffer of this size: a fresh 4 MiB bytes object per chunk
+# page-faulted its memory in again each time, which cost as much as the CRC itself.
 _READ_CHUNK = 1 << 20
 
 
