@@ -694,3 +694,53 @@ def test_a_changelog_commit_that_uploads_its_changes_reuses_no_file(store_dir: P
     second = commit(b, 1, changes({b"b": b"2"}), "t2")
     for result in (first, second):
         assert result.metrics["filesUploaded"] == 1 and result.metrics["filesReused"] == 0, result.metrics
+
+
+COMPACTION_PRIORITY_PROBE = r"""
+import json, os, sys, time
+import rocksdict
+from pystatestore.store.backends.rocksdb.config import db_options
+
+def compaction_threads():
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        stat = open(f"/proc/self/task/{tid}/stat").read()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if stat[stat.index("(") + 1 : stat.rindex(")")].startswith("rocksdb:low"):
+            found[tid] = {"nice": int(fields[16]), "ticks": int(fields[11]) + int(fields[12])}
+    return found
+
+opts = db_options(4, create=True)
+db = rocksdict.Rdict(sys.argv[1] + "/db", opts)
+for run in range(6):  # six overlapping sorted runs: over the trigger of 4, so a compaction runs
+    writer = rocksdict.SstFileWriter(opts)
+    path = f"{sys.argv[1]}/run{run}.sst"
+    writer.open(path)
+    for i in range(run, 600_000, 6):
+        writer[i.to_bytes(8, "big")] = b"v" * 8
+    writer.finish()
+    db.ingest_external_file([path])
+deadline = time.time() + 30
+while time.time() < deadline and not any(t["ticks"] for t in compaction_threads().values()):
+    time.sleep(0.05)
+time.sleep(0.2)
+print(json.dumps(compaction_threads()))
+db.close()
+"""
+
+
+def test_compactions_run_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
+    """The compaction a commit leaves due must not take a core from the query's next batch (or from a
+    restart batch, whose restored DB redoes it): RocksDB's compaction threads run at nice 19. Read
+    from /proc in a fresh process, so no earlier test's DB decides which threads exist."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", COMPACTION_PRIORITY_PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    threads = json.loads(out.stdout.strip().splitlines()[-1])
+    ran = {tid: t for tid, t in threads.items() if t["ticks"]}
+    assert ran, f"no compaction thread ran: {threads}"
+    assert {t["nice"] for t in ran.values()} == {19}, threads

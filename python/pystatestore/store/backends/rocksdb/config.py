@@ -51,6 +51,7 @@ DEFAULT_LOCAL_RECOVERY_INTERVAL = 4
 
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
+_background_lowered = False
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,23 @@ def block_cache() -> rocksdict.Cache:
         return _shared_cache
 
 
+def lower_compaction_priority() -> None:
+    """Runs RocksDB's compaction threads (the process-wide LOW pool) at the lowest CPU priority, once
+    per process. A commit's ingest leaves a compaction due; run at normal priority it took a core
+    from the next batch's tasks, and after a restart the restored DB redoes the compaction its
+    closed predecessor had begun, during the restart batch. At low priority it runs on what the
+    query leaves idle; should it fall behind, ingests slow down at the L0 triggers and the idle CPU
+    goes to it."""
+    global _background_lowered
+    with _shared_cache_lock:
+        if not _background_lowered:
+            rocksdict.Env().lower_thread_pool_cpu_priority()
+            _background_lowered = True
+
+
 def db_options(l0_trigger: int, *, create: bool) -> rocksdict.Options:
     """The options of a local DB (and of the SST files ingested into it)."""
+    lower_compaction_priority()
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(create)
     opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
