@@ -6,6 +6,8 @@ import base64
 import json
 import logging
 import random
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -733,9 +735,6 @@ def test_compactions_run_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
     """The compaction a commit leaves due must not take a core from the query's next batch (or from a
     restart batch, whose restored DB redoes it): RocksDB's compaction threads run at nice 19. Read
     from /proc in a fresh process, so no earlier test's DB decides which threads exist."""
-    import subprocess
-    import sys
-
     out = subprocess.run(
         [sys.executable, "-c", COMPACTION_PRIORITY_PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120
     )

@@ -3,6 +3,7 @@ RocksDB options every local DB and SST writer of the worker uses."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,7 +52,6 @@ DEFAULT_LOCAL_RECOVERY_INTERVAL = 4
 
 _shared_cache_lock = threading.Lock()
 _shared_cache: rocksdict.Cache | None = None
-_background_lowered = False
 
 
 @dataclass(frozen=True)
@@ -127,18 +127,14 @@ def block_cache() -> rocksdict.Cache:
         return _shared_cache
 
 
+@functools.cache  # once per process; a second call would only repeat the same setting
 def lower_compaction_priority() -> None:
-    """Runs RocksDB's compaction threads (the process-wide LOW pool) at the lowest CPU priority, once
-    per process. A commit's ingest leaves a compaction due; run at normal priority it took a core
+    """Runs RocksDB's compaction threads (the process-wide LOW pool) at the lowest CPU priority
+    (decision 0037). A commit's ingest leaves a compaction due; at normal priority it took a core
     from the next batch's tasks, and after a restart the restored DB redoes the compaction its
-    closed predecessor had begun, during the restart batch. At low priority it runs on what the
-    query leaves idle; should it fall behind, ingests slow down at the L0 triggers and the idle CPU
-    goes to it."""
-    global _background_lowered
-    with _shared_cache_lock:
-        if not _background_lowered:
-            rocksdict.Env().lower_thread_pool_cpu_priority()
-            _background_lowered = True
+    closed predecessor had begun, during the restart batch. At nice 19 it runs mostly on what the
+    query leaves idle."""
+    rocksdict.Env().lower_thread_pool_cpu_priority()
 
 
 def db_options(l0_trigger: int, *, create: bool) -> rocksdict.Options:
