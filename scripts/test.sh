@@ -4,14 +4,16 @@
 #   - the whole suite (unit, model-based, JVM contract, end-to-end on local[2] and
 #     local-cluster[2,1,1024], faults, security) on the default Spark minor (what pip gives);
 #   - the contract suite (the default backend: the adapter that differs per minor is the same for
-#     every backend), the end-to-end suite, the fault tests, the coordinator test and the same-host
-#     restart test (on local-cluster[2,1,1024] only: local[2] runs the same provider code in one
-#     JVM; the default commit mode), the GC test, the offline reader's comparison with Spark's
-#     state reader, three state rewrites (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) and checkpoint format v2 (an
-#     aggregation, a join, a retried commit, a restart at an older attempt) on every other supported
+#     every backend), the end-to-end suite, the fault tests, the coordinator test, the same-host
+#     restart test and the GC test (on local-cluster[2,1,1024] only: local[2] runs the same provider
+#     code in one JVM; in the default commit mode only: the modes differ in the worker's Python, the
+#     same on every minor), the offline reader's comparison with Spark's state reader, three state
+#     rewrites (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) and checkpoint format
+#     v2 (an aggregation, a join, a retried commit, a restart at an older attempt) on every other supported
 #     minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
-# Tests marked slow (the chaos matrix, the scale test's control, the Scala job on local[2]) are
+# Tests marked slow (the chaos matrix, the scale test's control, the Scala job on local[2], the
+# same-host restart in snapshot mode) are
 # left out; extra arguments go to the default minor's pytest, after ours: `bash scripts/test.sh
 # -m ""` runs the slow ones too. Ends with one line that totals every run.
 set -euo pipefail
@@ -60,6 +62,7 @@ for minor in $(.venv/bin/python -c "from pystatestore.spark_minors import BUILT_
 print(' '.join(m for m in BUILT_AGAINST if m != DEFAULT_MINOR))"); do
   pyspark_dir=$(.venv/bin/python scripts/build_jar.py --pyspark-path "$minor")
   PYTHONPATH="$pyspark_dir" PYSTATESTORE_TEST_MASTERS="local-cluster[2,1,1024]" PYSTATESTORE_CONTRACT_BACKENDS=rocksdb \
+    PYSTATESTORE_TEST_COMMIT_MODES=changelog \
     run_suite "$minor" "${OTHER_MINOR_TESTS[@]}"
 done
 

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from spark_support import HDFS_PROVIDER, MASTERS, OUR_PROVIDER, run_with_restart, start_session
+from spark_support import COMMIT_MODES, HDFS_PROVIDER, MASTERS, OUR_PROVIDER, run_with_restart, start_session
 
 pytestmark = pytest.mark.spark
 MODE_CONF = "spark.sql.streaming.stateStore.pystatestore.commitMode"
@@ -26,7 +26,7 @@ def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     session.stop()
 
 
-@pytest.fixture(params=["changelog", "snapshot"])
+@pytest.fixture(params=COMMIT_MODES)
 def commit_mode(request: pytest.FixtureRequest, spark: SparkSession) -> Iterator[str]:
     """The rocksdb backend's two ways to commit: every scenario must give the same rows in both."""
     spark.conf.set(MODE_CONF, request.param)

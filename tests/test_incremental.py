@@ -17,7 +17,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import referee
-from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, start_session, unload_state_stores, write_input_files
+from spark_support import (
+    COMMIT_MODES,
+    HDFS_PROVIDER,
+    OUR_PROVIDER,
+    run_phase,
+    start_session,
+    unload_state_stores,
+    write_input_files,
+)
 from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
@@ -47,7 +55,7 @@ def store_dirs(checkpoint: Path) -> list[Path]:
     return sorted(p for p in (checkpoint / "state" / "0").iterdir() if p.is_dir() and p.name.isdigit())
 
 
-@pytest.mark.parametrize("mode", ["changelog", "snapshot"])
+@pytest.mark.parametrize("mode", COMMIT_MODES)
 def test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference(
     spark: SparkSession, tmp_path: Path, mode: str
 ) -> None:
