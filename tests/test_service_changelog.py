@@ -4,7 +4,9 @@ the store during the upload, the change feed frame, snapshot replay, and clear r
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -122,3 +124,62 @@ def test_open_refuses_a_bad_min_deltas_for_snapshot(tmp_path: Path) -> None:
     }
     reply = json.loads(service.openStore(json.dumps(desc)))
     assert "minDeltasForSnapshot=0" in reply["error"]["message"], reply
+
+
+def snapshot_versions(tmp_path: Path) -> set[int]:
+    return {int(p.name.split("-", 1)[0]) for p in (tmp_path / "store" / "snapshots").glob("*.json")}
+
+
+def test_a_snapshot_found_not_due_is_made_once_later_commits_make_it_due(tmp_path: Path) -> None:
+    service = StoreService()
+    handle = open_store(service, tmp_path)  # minDeltasForSnapshot 2
+    try:
+        commit_ok(service, handle, tmp_path, 1, {b"a": b"1"}, [], 1)
+        for _ in range(2):  # the second look at version 1 is the one maintenance may skip
+            assert "error" not in json.loads(service.maintenance(handle, "snapshot"))
+        assert snapshot_versions(tmp_path) == set(), "a snapshot of a chain shorter than minDeltasForSnapshot"
+        commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [], 2)
+        assert "error" not in json.loads(service.maintenance(handle, "snapshot"))
+        assert snapshot_versions(tmp_path) == {2}, "maintenance made no snapshot of a due chain"
+    finally:
+        service.close_all()
+
+
+def test_a_cleanup_with_nothing_new_waits_at_most_the_recheck_interval(tmp_path: Path) -> None:
+    """Periodic cleanups with no commit or snapshot since the last one are skipped for
+    CLEANUP_RECHECK_SECONDS; one after a commit, or after that long, runs and deletes."""
+    from pystatestore.worker.service import CLEANUP_RECHECK_SECONDS
+
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    backend = service._stores[handle].backend
+    clock_offset = [0.0]
+    backend.clock = lambda: time.time() + clock_offset[0]
+    store = tmp_path / "store"
+
+    def orphan(name: str) -> Path:
+        # What a dead attempt on another executor left: no manifest names it, past the grace period.
+        path = store / "changelog" / f"{name}-{'0' * 32}.changes"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"left behind")
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+        return path
+
+    try:
+        commit_ok(service, handle, tmp_path, 1, {b"a": b"1"}, [], 1)
+        first = orphan("901")
+        assert "error" not in json.loads(service.maintenance(handle, "cleanup"))
+        assert not first.exists(), "the first cleanup left an expired orphan"
+        second = orphan("902")
+        assert json.loads(service.maintenance(handle, "cleanup")).get("cleanupSkipped") is True
+        assert second.exists()
+        commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [], 2)
+        assert "error" not in json.loads(service.maintenance(handle, "cleanup"))
+        assert not second.exists(), "a cleanup after a commit did not run"
+        third = orphan("903")
+        assert json.loads(service.maintenance(handle, "cleanup")).get("cleanupSkipped") is True
+        clock_offset[0] = CLEANUP_RECHECK_SECONDS + 1
+        assert "error" not in json.loads(service.maintenance(handle, "cleanup"))
+        assert not third.exists(), f"no cleanup ran {CLEANUP_RECHECK_SECONDS + 1} s after the last one"
+    finally:
+        service.close_all()

@@ -40,6 +40,9 @@ class LocalDB:
         # The newest version of the DB's chain known to have a snapshot (0: the chain starts at
         # version 1), so a commit can tell that one is due without reading the checkpoint.
         self.snapshot_at: int | None = None
+        # The (version, manifest id) held when maintenance last found no snapshot due: periodic
+        # maintenance skips the same check of the same version (decision 0038).
+        self.no_snapshot_due: tuple[int, str | None] | None = None
 
     def options(self, *, create: bool) -> rocksdict.Options:
         return db_options(self.l0_trigger, create=create)

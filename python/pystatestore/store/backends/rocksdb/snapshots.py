@@ -204,6 +204,9 @@ def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materiali
     db = b.db
     if b.config.mode != "changelog" or db.db is None or not db.version or db.dir is None:
         return None
+    held = (db.version, db.manifest_id)
+    if not force and db.no_snapshot_due == held:
+        return None  # committed versions never change: their chain is as long as when last looked at
     newest = max((v for f in b.remote.list_files(MANIFEST_DIR) if (v := version_of_manifest(f.path))), default=0)
     if newest != db.version:
         return None
@@ -221,6 +224,7 @@ def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materiali
         db.snapshot_at = m.version - deltas
         due = deltas >= b.ctx.min_deltas_for_snapshot or size >= b.config.changelog_max_bytes
         if not (due or (force and deltas > 0)):
+            db.no_snapshot_due = held
             return None
         reuse_from = reusable_for(b, m)
     except (CheckpointDamagedError, CheckpointMissingError) as e:
