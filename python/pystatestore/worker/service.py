@@ -36,8 +36,9 @@ MAINTENANCE_PARTS = ("snapshot", "cleanup")
 DEFAULT_CALL_TIMEOUT_MS = 30 * 60 * 1000
 CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then closes when it returns
 # A cleanup of a store that has had no commit and no snapshot since its last one is run again only
-# after this long: its plan could change only by age (orphans and leases passing the grace period)
-# or by writers elsewhere, and both wait far longer than this already. At a maintenance interval of
+# after this long, or after the store's grace period if shorter: its plan could change only by age
+# (files and chains passing the grace period) or by writers elsewhere, so what becomes deletable
+# waits at most one more grace period. At a maintenance interval of
 # 2 s and 200 partitions, cleanups that found nothing new were most of the worker's CPU (decision 0038).
 CLEANUP_RECHECK_SECONDS = 30.0
 log = logging.getLogger("pystatestore.service")
@@ -181,11 +182,11 @@ class _Store:
 
     def cleanup_can_wait(self, now: float) -> bool:
         """Inside `locked`: whether a cleanup now would only repeat the last one's plan, aged by
-        less than CLEANUP_RECHECK_SECONDS (nothing committed or snapshotted here since)."""
+        less than CLEANUP_RECHECK_SECONDS or the grace period (nothing committed or snapshotted here since)."""
         return (
             not self.changed_since_cleanup
             and self.cleanup_began is not None
-            and 0 <= now - self.cleanup_began < CLEANUP_RECHECK_SECONDS
+            and 0 <= now - self.cleanup_began < min(CLEANUP_RECHECK_SECONDS, self.backend.ctx.orphan_grace_seconds)
         )
 
     def run_after_reply(self, what: str, work: Callable[[], None]) -> None:
