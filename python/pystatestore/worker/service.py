@@ -38,8 +38,8 @@ CLOSE_WAIT_SECONDS = 10.0  # a close waits this long for a call in flight, then 
 # A cleanup of a store that has had no commit and no snapshot since its last one is run again only
 # after this long, or after the store's grace period if shorter: its plan could change only by age
 # (files and chains passing the grace period) or by writers elsewhere, so what becomes deletable
-# waits at most one more grace period. At a maintenance interval of
-# 2 s and 200 partitions, cleanups that found nothing new were most of the worker's CPU (decision 0038).
+# waits at most one more grace period. At a maintenance interval of 2 s and 200 partitions, cleanups
+# that found nothing new were most of the worker's CPU (decision 0038).
 CLEANUP_RECHECK_SECONDS = 30.0
 log = logging.getLogger("pystatestore.service")
 
@@ -177,15 +177,14 @@ class _Store:
         self.apply_metrics: dict[str, int] = {}
         # When the last cleanup began (the backend's clock), and whether a commit or a snapshot of
         # this store came after: the two `cleanup_can_wait` decides by. Touched under the lock only.
-        self.cleanup_began: float | None = None
-        self.changed_since_cleanup = True
+        self.cleanup_began = 0.0
+        self.changed_since_cleanup = True  # until the first cleanup
 
     def cleanup_can_wait(self, now: float) -> bool:
         """Inside `locked`: whether a cleanup now would only repeat the last one's plan, aged by
         less than CLEANUP_RECHECK_SECONDS or the grace period (nothing committed or snapshotted here since)."""
         return (
             not self.changed_since_cleanup
-            and self.cleanup_began is not None
             and 0 <= now - self.cleanup_began < min(CLEANUP_RECHECK_SECONDS, self.backend.ctx.orphan_grace_seconds)
         )
 
