@@ -183,9 +183,8 @@ class _Store:
     def cleanup_can_wait(self, now: float) -> bool:
         """Inside `locked`: whether a cleanup now would only repeat the last one's plan, aged by
         less than CLEANUP_RECHECK_SECONDS or the grace period (nothing committed or snapshotted here since)."""
-        return (
-            not self.changed_since_cleanup
-            and 0 <= now - self.cleanup_began < min(CLEANUP_RECHECK_SECONDS, self.backend.ctx.orphan_grace_seconds)
+        return not self.changed_since_cleanup and 0 <= now - self.cleanup_began < min(
+            CLEANUP_RECHECK_SECONDS, self.backend.ctx.orphan_grace_seconds
         )
 
     def run_after_reply(self, what: str, work: Callable[[], None]) -> None:
