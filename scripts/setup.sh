@@ -32,7 +32,9 @@ echo "setup: building the shim jar for Spark $minor with gradle (offline)"
 # A failed build must fail setup: never run the tests against a jar left over from an earlier build.
 rm -f "$jar"
 mkdir -p .gradle
-if ! gradle --offline -q jar > .gradle/build.log 2>&1; then
+# --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
+# and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
+if ! gradle --offline --no-daemon -q jar > .gradle/build.log 2>&1; then
   grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
   echo "setup: gradle failed to build the shim jar (log above)" >&2
   exit 1
