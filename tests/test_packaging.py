@@ -38,6 +38,23 @@ def test_wheel_carries_a_jar_per_minor() -> None:
         assert PROVIDER_CLASS in classes(minor_jar)
 
 
+def test_the_license_is_the_one_declared() -> None:
+    """pyproject.toml declares Apache-2.0: LICENSE holds that license's text."""
+    text = (ROOT / "LICENSE").read_text()
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+
+
+@pytest.mark.skipif(os.environ.get("PYSTATESTORE_TEST_INSTALLED") != "1", reason="runs against the installed wheel")
+def test_wheel_ships_the_license() -> None:
+    from importlib.metadata import distribution
+
+    shipped = [f for f in distribution("pystatestore").files or [] if f.name == "LICENSE"]
+    assert len(shipped) == 1, f"the installed wheel holds no single LICENSE: {shipped}"
+    assert shipped[0].read_text() == (ROOT / "LICENSE").read_text()
+
+
 def test_gradle_jar_matches_the_wheel_jar() -> None:
     gradle_jar = ROOT / "jvm-shim" / "build" / "libs" / jar_name(running_minor())
     if not gradle_jar.exists():
