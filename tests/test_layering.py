@@ -4,7 +4,11 @@
 - `pystatestore.worker` (the process the JVM talks to) and `pystatestore.tools` (offline tools)
   import `store`, not each other;
 - nothing below the top imports the public facade (`pystatestore/__init__`); the leaf modules
-  (`release`, `spark_minors`) import nothing of the package, so every layer may use them.
+  (`release`, `spark_minors`) import nothing of the package, so every layer may use them;
+- no import circle, inside a layer or across: a module in a circle cannot be read, tested or changed
+  apart from the others. A package's `__init__` counts as a module of its own (a phase module that
+  takes a name from its package's `__init__` imports it), and importing `a.b.c` is not counted as
+  importing `a` and `a.b` (that is how Python packages load, not a design choice).
 
 Read from the source with `ast` (imports inside functions and under TYPE_CHECKING count too), so
 the check needs nothing importable and cannot be fooled by what a module happens to import at run
@@ -90,6 +94,71 @@ def layering_violations(package_dir: Path) -> list[str]:
     return problems
 
 
+def import_graph(package_dir: Path) -> dict[str, dict[str, int]]:
+    """module -> {module of the package it imports: the first line that does}."""
+    modules = {module_name(p, package_dir): p for p in sorted(package_dir.rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for name, path in modules.items():
+        for line, target in imported_modules(path, package_dir):
+            if target in modules and target != name:
+                graph[name].setdefault(target, line)
+    return graph
+
+
+def import_circles(package_dir: Path) -> list[str]:
+    """Every strongly connected group of two or more modules (Tarjan), each described by the
+    imports that tie it: `a:12 -> b`."""
+    graph = import_graph(package_dir)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # recursion depth is bounded by the package's module count
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    described = []
+    for group in sorted(groups):
+        ties = [f"{a}:{graph[a][b]} -> {b}" for a in group for b in sorted(graph[a]) if b in group]
+        described.append("circle of " + ", ".join(group) + ": " + "; ".join(ties))
+    return described
+
+
+def layout_copy(tmp_path: Path, sources: dict[str, str]) -> Path:
+    """The package's layout (which names are modules) with empty files, and `sources` written in."""
+    package = tmp_path / TOP
+    for path in PACKAGE_DIR.rglob("*.py"):
+        target = package / path.relative_to(PACKAGE_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("")
+    for where, source in sources.items():
+        (package / where).parent.mkdir(parents=True, exist_ok=True)
+        (package / where).write_text(source)
+    return package
+
+
 def test_every_module_belongs_to_a_part() -> None:
     parts = {part_of(module_name(p, PACKAGE_DIR)) for p in PACKAGE_DIR.rglob("*.py")}
     assert parts <= {"facade", "leaf", "store", "worker", "tools"}, parts
@@ -97,6 +166,10 @@ def test_every_module_belongs_to_a_part() -> None:
 
 def test_the_layers_import_only_downward() -> None:
     assert layering_violations(PACKAGE_DIR) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert import_circles(PACKAGE_DIR) == []
 
 
 @pytest.mark.parametrize(
@@ -113,14 +186,46 @@ def test_the_layers_import_only_downward() -> None:
 )
 def test_a_forbidden_import_is_found(tmp_path: Path, where: str, source: str, expected: str) -> None:
     """The check itself, on a copy of the package's layout with one forbidden import added."""
-    package = tmp_path / TOP
-    for path in PACKAGE_DIR.rglob("*.py"):
-        target = package / path.relative_to(PACKAGE_DIR)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("")  # the layout only: which names are modules
-    (package / where).write_text(source)
-    problems = layering_violations(package)
+    problems = layering_violations(layout_copy(tmp_path, {where: source}))
     assert len(problems) == 1 and expected in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    ("sources", "members"),
+    [
+        # Two modules of one layer, each importing the other at the top.
+        (
+            {"store/manifest.py": "from .changelog import x\n", "store/changelog.py": "from .manifest import y\n"},
+            ["pystatestore.store.changelog", "pystatestore.store.manifest"],
+        ),
+        # One side only for type hints, the other inside a function: both still tie the two.
+        (
+            {
+                "tools/cli.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .report import R\n",
+                "tools/report.py": "def f():\n    from . import cli\n",
+            },
+            ["pystatestore.tools.cli", "pystatestore.tools.report"],
+        ),
+        # Three modules round a loop, one of them a package's __init__ its own module imports from.
+        (
+            {
+                "store/backends/__init__.py": "from .memory import M\n",
+                "store/backends/memory.py": "from .context import C\n",
+                "store/backends/context.py": "from . import BACKENDS\n",
+            },
+            [f"pystatestore.store.backends{m}" for m in ("", ".context", ".memory")],
+        ),
+    ],
+)
+def test_an_import_circle_is_found(tmp_path: Path, sources: dict[str, str], members: list[str]) -> None:
+    """The check itself, on a copy of the package's layout with one circle written in."""
+    circles = import_circles(layout_copy(tmp_path, sources))
+    assert len(circles) == 1 and circles[0].startswith("circle of " + ", ".join(members) + ":"), circles
+
+
+def test_a_one_way_import_is_no_circle(tmp_path: Path) -> None:
+    sources = {"store/manifest.py": "from .changelog import x\n", "store/changelog.py": "import zlib\n"}
+    assert import_circles(layout_copy(tmp_path, sources)) == []
 
 
 def test_every_module_imports() -> None:
