@@ -16,8 +16,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.store.errors import StateStoreError
-from pystatestore.tools.rewrite import PROVIDERS, RewriteError, plan_rewrite, rewrite
-from pystatestore.tools.rewrite_direct import runs_without_spark
+from pystatestore.tools.rewrite import rewrite, runs_without_spark
+from pystatestore.tools.rewrite_plan import PROVIDERS, RewriteError, plan_rewrite
 from spark_support import (
     HDFS_PROVIDER,
     OUR_PROVIDER,

@@ -402,32 +402,15 @@ def report(checkpoint: str, output: str, deep: bool) -> None:
     err.print(f"report written to {output}; the checkpoint is {state}")
 
 
-def _rewrite_session(command: str, master: str) -> Any:
-    """The local Spark session a rewrite that reads or writes Spark's providers runs in."""
-    from pyspark.sql import SparkSession
-
-    from ..spark_minors import configure_spark
-
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(f"pystatestore {command}")
-        .config("spark.sql.adaptive.enabled", "false")  # one task per target partition, in order
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # the command draws its own progress bar
-    )
-    spark = configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: str, **target: Any) -> None:
-    from .rewrite import plan_rewrite, rewrite
+    from .rewrite_plan import plan_rewrite
 
     try:
         plan = plan_rewrite(command, checkpoint, output, **target)
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
-    from .rewrite_direct import runs_without_spark
+    from .rewrite import rewrite, runs_without_spark
+    from .rewrite_spark import rewrite_session
 
     direct = runs_without_spark(plan)
     for line in plan.describe():
@@ -440,7 +423,7 @@ def _rewrite(command: str, checkpoint: str, output: str, dry_run: bool, master: 
     )
     if dry_run:
         return
-    spark = None if direct else _rewrite_session(command, master)
+    spark = None if direct else rewrite_session(command, master)
     try:
         with _progress(True) as progress:
             results = rewrite(plan, spark, progress)

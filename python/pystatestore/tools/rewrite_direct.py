@@ -1,18 +1,18 @@
-"""Writing a rewrite's pystatestore stores in Python, and `repartition` of a pystatestore checkpoint
-without Spark.
+"""The direct route of a rewrite: its pystatestore stores written in Python, with no JVM; and
+`repartition` of a pystatestore checkpoint without Spark.
 
 Where the target is pystatestore, its stores are written by the same backend code a worker runs,
 as the one version after the new batch; no provider is opened in a JVM. The source state comes
 from where it lives: where both ends are this package's format, from the source store's files
 (changelog segments as Arrow where they hold the whole state, else restored as a worker would), so
 nothing needs a JVM; where the source is Spark's provider, from Spark's state reader, each source
-store exported by the shim (`StateRewrite.export`) as the stored key and value bytes. Every stored
-key is placed by Spark's hash computed on its UnsafeRow bytes (`spark_hash.stored_key_hashes`).
-Placed keys wait on disk (a file per source store, ordered by target partition), so one store's
-state at a time is in memory, as in a Spark task. Every key must sit where the hash puts it for
-the source partition count (the proof that the hash and the key columns are Spark's, on this very
-data), and every store written is read back from its files and compared before the checkpoint is
-published. See docs/decisions/0026-state-rewrite.md.
+store exported by the shim (`StateRewrite.export`, rewrite_spark.py) as the stored key and value
+bytes. Every stored key is placed by Spark's hash computed on its UnsafeRow bytes
+(`spark_hash.stored_key_hashes`). Placed keys wait on disk (a file per source store, ordered by
+target partition), so one store's state at a time is in memory, as in a Spark task. Every key must
+sit where the hash puts it for the source partition count (the proof that the hash and the key
+columns are Spark's, on this very data), and every store written is read back from its files and
+compared before the checkpoint is published. See docs/decisions/0026-state-rewrite.md.
 """
 
 from __future__ import annotations
@@ -24,25 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from ..spark_minors import CONF_PREFIX, PROVIDER_CLASS
+from ..spark_minors import CONF_PREFIX
 from ..store import frames
 from ..store.backends import BACKENDS, DEFAULT_BACKEND, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
 from .checkpoint import StoreLocation, StoreReader
+from .rewrite_plan import SCRATCH_DIR, Progress, RewriteError, RewritePlan, StoreKind, StoreResult, store_dir
 from .spark_hash import stored_key_hashes
 from .unsafe_row import RowDecodeError, SchemaError, parse_schema
-
-if TYPE_CHECKING:
-    from .rewrite import RewritePlan, StoreKind, StoreResult
-
-Progress = Callable[[str, int, int], None]
 
 
 def store_options(conf: dict[str, str]) -> dict[str, str]:
@@ -61,18 +56,9 @@ def stored_key_encoding(kind: StoreKind, conf: dict[str, str]) -> str:
     return KEY_ENCODING_PREFIX if kind.num_cols_prefix_key > 0 and backend != "memory" else KEY_ENCODING_RAW
 
 
-def runs_without_spark(plan: RewritePlan) -> bool:
-    """Whether both ends are pystatestore with the key encoding unchanged: then nothing needs Spark."""
-    return plan.source_provider == plan.target_provider == PROVIDER_CLASS and all(
-        plan.key_encodings.get(kind) == stored_key_encoding(kind, plan.new_conf) for kind in plan.stores
-    )
-
-
 def _location(root: str, kind: StoreKind, partition: int) -> StoreLocation:
-    from .rewrite import _store_dir
-
     return StoreLocation(
-        kind.operator_id, partition, kind.store_name, f"file:{_store_dir(Path(root) / 'state', kind, partition)}"
+        kind.operator_id, partition, kind.store_name, f"file:{store_dir(Path(root) / 'state', kind, partition)}"
     )
 
 
@@ -126,12 +112,9 @@ def our_source(plan: RewritePlan, kind: StoreKind, work: Path) -> Source:
 def _placed(plan: RewritePlan, kind: StoreKind, source: Source, work: Path, progress: Progress) -> _Placed:
     """Every key of the source stores of `kind`, ordered by the target partition Spark's hash gives
     it, one file per source store under `work`."""
-    from .rewrite import _OPERATORS, RewriteError
-
     schemas = source.schemas
     key_type = parse_schema(schemas[0])
-    hashed = _OPERATORS[kind.operator_name](kind.store_name, len(key_type.fields), kind.num_cols_prefix_key)
-    hashed_fields = len(key_type.fields) if hashed is None else hashed
+    hashed_fields = kind.hashed_key_fields(len(key_type.fields))
     # With the partition count unchanged (a migration) every key stays where Spark put it: no rule
     # is needed, so none is applied and none can refuse a key type.
     same_partitions = plan.target_partitions == plan.source_partitions
@@ -225,8 +208,6 @@ def rewrite_our_stores(
     store read back from its files and compared with what was written. `source(kind, work)` gives
     the source state, with `work` a scratch directory for its files; by default the source is
     pystatestore, read from its files."""
-    from .rewrite import SCRATCH_DIR, RewriteError, StoreResult
-
     results: list[StoreResult] = []
     for kind in plan.stores:
         started = time.perf_counter()
@@ -260,4 +241,4 @@ def rewrite_our_stores(
     return results
 
 
-__all__ = ["Source", "our_source", "rewrite_our_stores", "runs_without_spark", "store_options", "stored_key_encoding"]
+__all__ = ["Source", "our_source", "rewrite_our_stores", "store_options", "stored_key_encoding"]
