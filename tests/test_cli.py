@@ -29,7 +29,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.tools.checkpoint import StoreReader, open_checkpoint
-from pystatestore.tools.cli import _json_value, main
+from pystatestore.tools.cli import main
+from pystatestore.tools.cli_read_only import json_value
 from pystatestore.tools.inspection import disk_usage
 from pystatestore.tools.key_lookup import num_partitions
 from pystatestore.tools.spark_hash import hash_value, partition_of, stored_key_hashes
@@ -220,7 +221,7 @@ def test_stored_keys_encode_and_hash_as_spark_wrote_them(checkpoints: dict[str, 
 
 def as_json(key: Any) -> dict[str, Any]:
     """A key as `read -o -` prints it, which --key takes."""
-    return json.loads(json.dumps(key, default=_json_value))
+    return json.loads(json.dumps(key, default=json_value))
 
 
 def test_a_whole_key_is_looked_up_in_its_partition_alone(spark: SparkSession, checkpoints: dict[str, Path]) -> None:
@@ -560,7 +561,7 @@ def test_the_tools_work_on_a_checkpoint_in_s3(checkpoints: dict[str, Path], s3_c
         assert done.exit_code == 0 and "the checkpoint can be restored" in done.output, done.output
     uri = s3_checkpoints["dedup"]
     key = python_rows(read_state(open_checkpoint(uri)))[0]["key"]
-    looked_up = CliRunner().invoke(main, ["read", uri, "--key", json.dumps(key, default=_json_value), "-o", "-"])
+    looked_up = CliRunner().invoke(main, ["read", uri, "--key", json.dumps(key, default=json_value), "-o", "-"])
     assert looked_up.exit_code == 0 and "looked up 1 key(s) in 1 of 3 partitions" in looked_up.stderr, looked_up.output
     assert len(looked_up.stdout.splitlines()) == 1
     now = time.time() + 3600
