@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ from .families import FamilyCount
 from .inspection import KINDS, disk_usage, has_families, inspect_checkpoint, store_families, tree_as_json
 from .state_rows import python_rows, read_state, unique_names
 from .verification import gc_dry_run, verify_checkpoint
+
+
+def _grace_seconds_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--grace-seconds as verify and gc take it; `help_text` says what it is to each."""
+    return click.option(
+        "--grace-seconds", type=float, default=DEFAULT_ORPHAN_GRACE_SECONDS, show_default=True, help=help_text
+    )
 
 
 @click.command()
@@ -121,13 +129,7 @@ def _print_families(families: dict[StoreLocation, list[FamilyCount] | str]) -> N
     is_flag=True,
     help="Also read every file and every payload stored inside a manifest or snapshot, and compare its checksum.",
 )
-@click.option(
-    "--grace-seconds",
-    type=float,
-    default=DEFAULT_ORPHAN_GRACE_SECONDS,
-    show_default=True,
-    help="Unreferenced files younger than this may belong to a commit in progress.",
-)
+@_grace_seconds_option("Unreferenced files younger than this may belong to a commit in progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(checkpoint: str, deep: bool, grace_seconds: float, as_json: bool) -> None:
     """Check that every retained version can be restored: its changelog chain back to a snapshot,
@@ -175,13 +177,7 @@ def verify(checkpoint: str, deep: bool, grace_seconds: float, as_json: bool) -> 
     show_default=True,
     help="The query's spark.sql.streaming.minBatchesToRetain.",
 )
-@click.option(
-    "--grace-seconds",
-    type=float,
-    default=DEFAULT_ORPHAN_GRACE_SECONDS,
-    show_default=True,
-    help="The query's spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds.",
-)
+@_grace_seconds_option("The query's spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def gc(checkpoint: str, dry_run: bool, min_batches_to_retain: int, grace_seconds: float, as_json: bool) -> None:
     """What the next maintenance run would delete, and why. Deletes nothing: the running query's
