@@ -7,24 +7,26 @@ from it."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
+
+from . import local_disk
 
 
 def link_or_copy_tree(src: Path, dst: Path) -> int:
     """Recreates the files of `src` in the new directory `dst` as hard links; files that cannot be
-    linked (another filesystem) are copied. Returns the bytes copied."""
-    os.mkdir(dst, 0o700)
+    linked (another filesystem) are copied. Returns the bytes copied. Not synced: a copy is only
+    used once every file matches the size and checksum its marker lists."""
+    local_disk.DISK.mkdir(str(dst), 0o700)
     copied = 0
     for entry in os.scandir(src):
         if not entry.is_file(follow_symlinks=False):
             continue
-        target = dst / entry.name
+        target = str(dst / entry.name)
         try:
-            os.link(entry.path, target)
+            local_disk.DISK.link(entry.path, target)
         except OSError:
-            shutil.copy2(entry.path, target)
+            local_disk.DISK.copy_file(entry.path, target)
             copied += entry.stat(follow_symlinks=False).st_size
     return copied
 
@@ -46,7 +48,7 @@ def make_private_dir(path: Path, *, create: bool = True) -> None:
             p = p.parent
         for d in reversed(missing):
             try:
-                os.mkdir(d, 0o700)
+                local_disk.DISK.mkdir(str(d), 0o700)
             except FileExistsError:
                 pass
     st = os.lstat(path)

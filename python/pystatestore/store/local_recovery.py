@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import local_disk
 from .checksums import checksum, file_checksum
 from .errors import InvalidPathError
 from .local_files import link_or_copy_tree, make_private_dir
@@ -156,7 +156,9 @@ class LocalRecoveryStore:
                 "savedAt": time.time(),
                 "files": files,
             }
-            (target / MARKER).write_text(json.dumps(marker))
+            # Unsynced: a restore uses a copy only once every file matches this marker, which a
+            # power cut that lost or tore any of them (or the marker) does not.
+            local_disk.DISK.write(str(target / MARKER), json.dumps(marker).encode(), None)
             # The copies listed before this one plus this one: no second scan of every marker.
             complete = [LocalCopy(version, manifest_id, target), *previous]
             self.prune(keep_newest=self.versions_kept, complete=complete)
@@ -320,23 +322,23 @@ class LocalRecoveryStore:
         keep = {c.path for c in complete[:keep_newest] if c.manifest_id not in drop_manifest_ids}
         for d in self.dir.iterdir():
             if version_prefix(d.name) is not None and d.is_dir() and d not in keep:
-                shutil.rmtree(d, ignore_errors=True)
+                local_disk.DISK.remove_tree(str(d))
 
     def discard(self, version: int, manifest_id: str) -> None:
         """Forgets the copy of this version and attempt (one found unusable)."""
         for c in self.copies():
             if c.version == version and c.manifest_id == manifest_id:
-                shutil.rmtree(c.path, ignore_errors=True)
+                local_disk.DISK.remove_tree(str(c.path))
 
     def drop_superseded(self, version: int, manifest_id: str) -> None:
         """Forgets copies (and kept changes) of `version` made by an attempt whose manifest another
         attempt replaced."""
         for c in self.copies():
             if c.version == version and c.manifest_id != manifest_id:
-                shutil.rmtree(c.path, ignore_errors=True)
+                local_disk.DISK.remove_tree(str(c.path))
         for v, mid, path in self._kept_changes():
             if v == version and mid != manifest_id:
-                path.unlink(missing_ok=True)
+                _remove(path)
 
     def forget_later_versions(self, version: int) -> None:
         """Forgets copies and kept changes of versions after `version`, which the store has just
@@ -358,11 +360,11 @@ class LocalRecoveryStore:
         for entry in entries:
             later = version_prefix(entry.name)
             if later is not None and later > version and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                local_disk.DISK.remove_tree(entry.path)
         for v, _, path in self._kept_changes():
             if v > version:
                 with contextlib.suppress(OSError):
-                    path.unlink(missing_ok=True)
+                    _remove(path)
 
     # -- the changes of changelog versions --------------------------------------------------
     def save_changes(self, version: int, manifest_id: str, segment: Path, *, drop_through: int) -> SaveResult:
@@ -377,15 +379,17 @@ class LocalRecoveryStore:
                 make_private_dir(d)
             make_private_dir(changes)
             if not (changes / CHANGES_MARKER).exists():
-                (changes / CHANGES_MARKER).write_text(json.dumps({"store": self.store_dir}))
+                local_disk.DISK.write(
+                    str(changes / CHANGES_MARKER), json.dumps({"store": self.store_dir}).encode(), None
+                )
             target = changes / f"{version}-{manifest_id}{CHANGES_SUFFIX}"
             copied = 0
-            try:
-                os.replace(segment, target)
+            try:  # unsynced: kept changes are read only if their size and checksum match the manifest
+                local_disk.DISK.rename(str(segment), str(target))
             except OSError:  # another filesystem: copy under a temporary name, then rename
                 tmp = changes / f".{target.name}.tmp"
-                shutil.copyfile(segment, tmp)
-                os.replace(tmp, target)
+                local_disk.DISK.copy_file(str(segment), str(tmp))
+                local_disk.DISK.rename(str(tmp), str(target))
                 copied = target.stat().st_size
             self._drop_changes_through(drop_through)
             return SaveResult(True, copied)
@@ -429,13 +433,13 @@ class LocalRecoveryStore:
             found,
             ref.checksum,
         )
-        path.unlink(missing_ok=True)
+        _remove(path)
         return None
 
     def _drop_changes_through(self, version: int) -> None:
         for v, _, path in self._kept_changes():
             if v <= version:
-                path.unlink(missing_ok=True)
+                _remove(path)
 
     def _changes_path(self, version: int, manifest_id: str) -> Path:
         return self.dir / CHANGES_DIR / f"{version}-{manifest_id}{CHANGES_SUFFIX}"
@@ -455,6 +459,11 @@ class LocalRecoveryStore:
             if version is not None and rest.endswith(CHANGES_SUFFIX) and not path.is_symlink():
                 out.append((version, rest[: -len(CHANGES_SUFFIX)], path))
         return out
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        local_disk.DISK.unlink(str(path))
 
 
 def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older_than_s: float = 3600.0) -> int:
@@ -482,6 +491,6 @@ def clean_stale_stores(root: Path, store_exists: Callable[[str], bool], *, older
         if not isinstance(info, dict) or store_key(str(info.get("store", ""))) != store.name:
             continue  # a marker that does not describe its directory: not ours to judge
         if age > older_than_s and not store_exists(info.get("store", "")):
-            shutil.rmtree(store, ignore_errors=True)
+            local_disk.DISK.remove_tree(str(store))
             removed += 1
     return removed

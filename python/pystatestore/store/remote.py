@@ -3,6 +3,10 @@
 Every path handed to this layer is relative to the store directory and validated, so nothing
 outside a store's directory is ever read, written or deleted. On the local filesystem every path
 must also resolve inside the store (no symbolic link leads out), and listings do not follow links.
+
+Durability: a write returns once what it wrote survives a power cut. On a local or mounted
+filesystem writes go through `local_disk.DISK` (data fsynced, then the directory naming it); on an
+object store a completed PUT is the durability point; elsewhere (HDFS) a closed output stream.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import posixpath
 import re
 import stat
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -23,6 +29,7 @@ import pyarrow as pa
 # on a local disk.
 import pyarrow._fs as pafs
 
+from . import local_disk
 from .errors import CheckpointMissingError, InvalidPathError, StoreConfigError
 
 # Logical file names (RocksDB's 000012.sst, MANIFEST-000005, CURRENT, our snapshot.arrow) are one
@@ -58,6 +65,12 @@ def local_file_in(directory: str | os.PathLike[str], name: str, *, store: str, v
     """`directory/name` after checking that `name` cannot point anywhere else."""
     validate_file_name(name, store=store, version=version)
     return os.path.join(os.fspath(directory), name)
+
+
+def durability_point(rel: str, what: str) -> str:
+    """The name of the fsync that makes `what` ("data" or "name") of store file `rel` durable:
+    its kind (`manifests`, `changelog`, `shared`, `private`, `snapshots`, `leases`) and `what`."""
+    return f"{rel.split('/', 1)[0] if '/' in rel else 'store'}:{what}"
 
 
 def join_uri(uri: str, *parts: str) -> str:
@@ -156,23 +169,30 @@ class RemoteStore:
         return real == self._real_root or real.startswith(self._real_root + os.sep)
 
     def write_bytes(self, rel: str, data: bytes | pa.Buffer) -> None:
-        """Writes a file. Callers use unique names (or, for leases, their own name), so a half-written
-        file is an orphan, never a replacement of a committed one."""
+        """Writes a file, durably. Callers use unique names (or, for leases, their own name), so a
+        half-written file is an orphan, never a replacement of a committed one."""
         path = self._abs(rel)
         self._create_parent_dir(path)
+        if self.is_local:
+            local_disk.DISK.write(path, memoryview(data), durability_point(rel, "data"))
+            local_disk.DISK.sync_dir(posixpath.dirname(path), durability_point(rel, "name"))
+            return
         with self.fs.open_output_stream(path) as out:
             out.write(data)
 
     def _create_parent_dir(self, path: str) -> None:
         """Object stores have no directories: creating one would only write marker objects, a PUT
         per level of the path on every write."""
-        if not self.object_store:
+        if self.is_local:
+            local_disk.DISK.make_dirs(posixpath.dirname(path), "directory:name")
+        elif not self.object_store:
             self.fs.create_dir(posixpath.dirname(path), recursive=True)
 
     def publish(self, rel: str, data: bytes) -> None:
-        """Publishes a file all at once: readers see the old content or the new, never a part.
+        """Publishes a file all at once, durably: readers see the old content or the new, never a part.
 
-        Object stores: one PUT. Everywhere else: a temporary file renamed over the final name. Where
+        Object stores: one PUT. Local disks: a temporary file written and fsynced, renamed over the
+        final name, the directory fsynced. Elsewhere a temporary renamed over the final name; where
         rename cannot replace an existing file (HDFS), the old file is first renamed aside
         (`.replaced-<name>-<uuid>`) and the new one renamed in; a reader that finds no final file
         takes the newest file set aside, so a crash between the two renames loses nothing.
@@ -186,6 +206,14 @@ class RemoteStore:
             return
         name = posixpath.basename(path)
         tmp = posixpath.join(parent, f".tmp-{name}-{uuid.uuid4().hex}")
+        if self.is_local:
+            local_disk.DISK.write(tmp, data, durability_point(rel, "data"))
+            try:
+                local_disk.DISK.replace(tmp, path, durability_point(rel, "name"))
+            except OSError:
+                self._delete_quietly(tmp)
+                raise
+            return
         with self.fs.open_output_stream(tmp) as out:
             out.write(data)
         try:
@@ -208,8 +236,28 @@ class RemoteStore:
     def create_parent(self, rel: str) -> None:
         self._create_parent_dir(self._abs(rel))
 
-    def open_output(self, rel: str) -> pa.NativeFile:
-        return self.fs.open_output_stream(self._abs(rel))
+    def open_output(self, rel: str) -> BinaryIO | pa.NativeFile:
+        """A new file to stream into; `finish_output` before closing it, then `sync_names`."""
+        path = self._abs(rel)
+        if self.is_local:
+            return local_disk.DISK.open_new(path)
+        return self.fs.open_output_stream(path)
+
+    def finish_output(self, out: BinaryIO | pa.NativeFile, rel: str) -> None:
+        """Makes the data streamed into `out` (from `open_output(rel)`) durable before it closes."""
+        if self.is_local:
+            local_disk.DISK.sync_file(out, durability_point(rel, "data"))  # type: ignore[arg-type]
+
+    def sync_names(self, rels: Iterable[str]) -> None:
+        """Makes the names of files written through `open_output` durable: their directories,
+        each once, are fsynced (local disks; elsewhere a closed stream is already final)."""
+        if not self.is_local:
+            return
+        dirs: dict[str, str] = {}
+        for rel in rels:
+            dirs.setdefault(posixpath.dirname(self._abs(rel)), durability_point(rel, "name"))
+        for directory, point in dirs.items():
+            local_disk.DISK.sync_dir(directory, point)
 
     def open_input(self, rel: str, *, version: int | None = None) -> pa.NativeFile:
         try:
@@ -292,7 +340,10 @@ class RemoteStore:
 
     def _delete_quietly(self, path: str) -> None:
         try:
-            self.fs.delete_file(path)
+            if self.is_local:
+                local_disk.DISK.unlink(path)
+            else:
+                self.fs.delete_file(path)
         except FileNotFoundError:
             pass
 
@@ -306,7 +357,7 @@ class RemoteStore:
             if os.path.islink(path):
                 return False
             try:
-                os.rmdir(path)
+                local_disk.DISK.rmdir(path)
                 return True
             except OSError as e:
                 if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.ENOTDIR):

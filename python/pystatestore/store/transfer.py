@@ -37,10 +37,18 @@ class TransferStats:
 
 
 def upload_file(remote: RemoteStore, local: Path, rel: str, *, hook: TransferHook | None = None) -> FileRef:
-    """Copies one local file to `rel`, computing its checksum on the way."""
+    """Copies one local file to `rel`, computing its checksum on the way; durable on return."""
+    ref = _upload(remote, local, rel, hook)
+    remote.sync_names([rel])
+    return ref
+
+
+def _upload(remote: RemoteStore, local: Path, rel: str, hook: TransferHook | None) -> FileRef:
+    """The copy of `upload_file`, its data durable, its name not yet (`RemoteStore.sync_names`)."""
     remote.create_parent(rel)
     with open(local, "rb") as src, remote.open_output(rel) as out:
         crc, size = _copy(src, out, hook, "upload:chunk")
+        remote.finish_output(out, rel)
     return FileRef(rel, size, checksum_text(crc))
 
 
@@ -95,17 +103,20 @@ def download_file(
 def upload_all(
     remote: RemoteStore, items: list[tuple[Path, str]], threads: int, *, hook: TransferHook | None = None
 ) -> list[FileRef]:
+    """Uploads each (local file, store path) in parallel; every file durable on return."""
     if not items:
         return []
 
     def one(item: tuple[Path, str]) -> FileRef:
-        ref = upload_file(remote, item[0], item[1], hook=hook)
+        ref = _upload(remote, item[0], item[1], hook)
         if hook is not None:
             hook("upload:file", 0)
         return ref
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items)))) as pool:
-        return list(pool.map(one, items))
+        refs = list(pool.map(one, items))
+    remote.sync_names(rel for _, rel in items)  # each directory once, after all its files
+    return refs
 
 
 def download_all(
