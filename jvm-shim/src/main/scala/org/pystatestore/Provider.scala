@@ -9,7 +9,6 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.json4s._
-import org.json4s.jackson.JsonMethods
 import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.spark.TaskContext
@@ -26,7 +25,8 @@ import org.apache.spark.sql.types.StructType
  * are read in this JVM (from the read-only RocksDB view the worker leaves on local disk, or, for
  * the memory backend, from a heap near-cache), so per-row
  * calls never leave the JVM; loads, commits and maintenance go to the per-JVM Python worker, which
- * owns durability.
+ * owns durability. The versions it keeps and loads are StoreVersions'; its calls go through its
+ * StoreSession, the store's handle in that worker.
  */
 abstract class PythonStateStoreProviderCore extends StateStoreProvider with ChangeFeedSupport with Logging {
   import ProviderCore._
@@ -54,7 +54,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
   private var launchSpec: WorkerLaunchSpec = _
-  private var storeDescription: String = _
   private var storeLocation: String = _
 
   @volatile private var hasCommitted = false
@@ -72,18 +71,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   /** Spark's coordinator judges a store lagging once its snapshots trail by more versions than this. */
   private var laggingAfterVersions = Long.MaxValue
 
-  /** Worker generation in which `openStore` was last called for this store. */
-  private var openedInGeneration = -1
-  private var handle: String = _
-  /** Set when a call timed out: the next call opens the store afresh under a new handle. */
-  private var abandonedHandle: Option[String] = None
-
-  /**
-   * Recent committed versions: open read views (each holds one reference), or persistent maps
-   * that share structure (memory backend), so keeping a few is cheap.
-   */
-  private val cachedVersions = new mutable.LinkedHashMap[Long, CommittedVersion]()
-  private var versionsInMemory = 2
+  /** The store's session with its worker, and its committed versions: both made by `init`. */
+  private var session: StoreSession = _
+  private var versions: StoreVersions = _
   /** Read committed versions through RocksDB views (rocksdb backend) or from the heap (memory). */
   private var usesViews = true
   private var keyCodec: KeyCodec = _
@@ -110,7 +100,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    versionsInMemory = ProviderConf.versionsInMemory(storeConfs)
     launchSpec = WorkerLaunchSpec.resolve(storeConfs.sqlConfs)
     usesViews = ProviderConf.usesViews(storeConfs)
     StoreChecks.layoutSupported(stateStoreId, useColumnFamilies, useMultipleValuesPerKey, usesViews,
@@ -136,7 +125,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     coordinatorId = if (storeConfs.reportSnapshotUploadLag) SparkInternals.providerId(stateStoreId, hadoopConf) else None
     laggingAfterVersions = ProviderConf.laggingAfterVersions(storeConfs)
     workerOptions = ProviderConf.workerOptions(storeConfs)
-    storeDescription = describeForWorker()
+    session = new StoreSession(launchSpec, stateStoreId.partitionId, describeStore, () => describeForWorker(),
+      StoreChecks.readPathMatches(_, usesViews, this))
+    versions = new StoreVersions(session, keyCodec, usesViews, prefixSpec, keySchema.length, valueSchema.length,
+      ProviderConf.versionsInMemory(storeConfs), describeStore)
     // In a task, the store's first call will need its worker: start it while the task reads its
     // input. Elsewhere (a provider Spark only inspects) no worker is started before it is needed.
     if (org.apache.spark.TaskContext.get() != null) StateWorker.prestart(launchSpec, stateStoreId.partitionId)
@@ -192,7 +184,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       uniqueId: Option[String],
       forceSnapshot: Boolean): StateStore = readStore match {
     case r: PythonReadStateStoreCore
-        if r.version == version && r.id == stateStoreId && isAttempt(r.base.state, uniqueId) =>
+        if r.version == version && r.id == stateStoreId && StoreVersions.isAttempt(r.base.state, uniqueId) =>
       r.base.state.retain() // the write store holds its own reference
       new PythonStateStore(this, r.base, r.handOverReadMarks(), forceSnapshot)
     case _ => openWriteStore(version, uniqueId, forceSnapshot)
@@ -205,8 +197,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
    */
   private[pystatestore] def openEmptyWriteStore(version: Long, forceSnapshot: Boolean): StateStore = {
     if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
-    val empty = VersionState.empty(version, prefixSpec.isDefined && !usesViews)
-    new PythonStateStore(this, LoadedVersion(empty, LoadMetrics.fromCache), null, forceSnapshot)
+    new PythonStateStore(this, LoadedVersion(versions.empty(version), LoadMetrics.fromCache), null, forceSnapshot)
   }
 
   /**
@@ -222,8 +213,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       endVersionStateStoreCkptId: Option[String]): StateStore = {
     try {
       StoreChecks.replayRange(snapshotVersion, endVersion, this)
+      if (!usesViews) throw StoreChecks.noReplayOnMemoryBackend(this)
       new PythonStateStore(this,
-        replayFromWorker(snapshotVersion, snapshotVersionStateStoreCkptId, endVersion, endVersionStateStoreCkptId),
+        versions.replay(snapshotVersion, snapshotVersionStateStoreCkptId, endVersion, endVersionStateStoreCkptId),
         null, forceSnapshot = false)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
@@ -251,10 +243,10 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       // removed family's id is never given again): it has no rows.
       Some(spec -> spec.codec(id.getOrElse(0xffff)))
     }
-    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
+    val worker = session.worker()
     val file = new File(worker.exchangeDir, s"changes-${UUID.randomUUID()}.arrow")
     try {
-      callWorker(worker, s"change feed of $describeStore, versions $startVersion to $endVersion") { (svc, h) =>
+      session.call(worker, s"change feed of $describeStore, versions $startVersion to $endVersion") { (svc, h) =>
         svc.changes(h, startVersion, endVersion, endVersionStateStoreCkptId.getOrElse(""), file.getAbsolutePath)
       }
       val reader = new ArrowFrames.ChangeFeedReader(file)
@@ -302,7 +294,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     if (!hasCommitted) return
     val what = parts.mkString(",")
     try {
-      val reply = callWorker(s"maintenance ($what) of store $describeStore")(_.maintenance(_, what))
+      val reply = session.call(s"maintenance ($what) of store $describeStore")(_.maintenance(_, what))
       versionField(reply, "materializedVersion").foreach(snapshotMade)
       logDebug(s"Maintenance ($what) of $describeStore: ${compact(render(reply))}")
     } catch {
@@ -313,19 +305,15 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   override def close(): Unit = {
     closed = true
     val (cached, stores) = synchronized {
-      val c = cachedVersions.values.toList
-      cachedVersions.clear()
+      val c = versions.takeAll()
       val s = liveStores.asScala.toList
       liveStores.clear()
       (c, s)
     }
     // The worker closes the store once the work a durable-first commit left is done, so the view
     // directories that work writes are deleted below only after it has.
-    StateWorker.workerFor(storeIdValue.partitionId).filter(w => w.isUsable && w.generation == openedInGeneration)
-      .foreach { w =>
-        try StateWorker.call(w, s"close of $describeStore", launchSpec)(_.closeStore(handle))
-        catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
-      }
+    try session.close()
+    catch { case NonFatal(e) => logDebug(s"Ignoring close failure: $e") }
     stores.foreach(_.releaseResources())
     cached.foreach(_.release())
     if (counted) { counted = false; RocksViews.providerClosed() }
@@ -372,10 +360,6 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   /** Spark's checkpoint format v2: commits report their ids, and loads name the attempt they want. */
   private[pystatestore] def checkpointIds: Boolean = checkpointIdsValue
 
-  /** `state` is the attempt `uniqueId` names (any attempt when Spark names none). */
-  private def isAttempt(state: CommittedVersion, uniqueId: Option[String]): Boolean =
-    state.version == 0 || uniqueId.forall(_ == state.manifestId)
-
   /**
    * Families Spark declared to any store of this provider: the state reader declares a family on a
    * write store it then aborts and reads through a read store, so specs outlive stores. Ids are
@@ -404,87 +388,9 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   private def loadForTask(version: Long, uniqueId: Option[String]): LoadedVersion = {
     try {
       if (version < 0) throw SparkInternals.unexpectedStateStoreVersion(version)
-      loadVersion(version, uniqueId)
+      versions.load(version, uniqueId)
     } catch {
       case NonFatal(e) => throw SparkInternals.cannotLoadStore(e)
-    }
-  }
-
-  private def loadVersion(version: Long, uniqueId: Option[String]): LoadedVersion = {
-    val cached = synchronized {
-      // Under checkpoint format v2 a cached version serves only the attempt Spark names.
-      val c = cachedVersions.get(version).filter(isAttempt(_, uniqueId))
-      c.foreach(_.retain())
-      c
-    }
-    cached match {
-      case Some(state) => LoadedVersion(state, LoadMetrics.fromCache)
-      case None if version == 0 =>
-        LoadedVersion(VersionState.empty(0, prefixSpec.isDefined && !usesViews), LoadMetrics.fromCache)
-      case None => loadFromWorker(version, uniqueId)
-    }
-  }
-
-  private def loadFromWorker(version: Long, uniqueId: Option[String]): LoadedVersion = {
-    val started = System.nanoTime()
-    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
-    val file = new File(worker.exchangeDir, s"load-${UUID.randomUUID()}.arrow")
-    val viewDir = new File(StateWorker.viewsDir, s"v$version-${UUID.randomUUID()}")
-    try {
-      val reply = callWorker(worker, s"load of $describeStore version $version") { (svc, h) =>
-        svc.load(h, version, uniqueId.getOrElse(""), file.getAbsolutePath,
-          if (usesViews) viewDir.getAbsolutePath else "")
-      }
-      RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
-      val state: CommittedVersion = if (usesViews) {
-        new RocksView(viewDir, version, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-          longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore)
-      } else {
-        val prefixOf = prefixSpec.map { spec =>
-          val proj = spec.newProjection()
-          (k: UnsafeRow) => proj(k).copy()
-        }
-        val rows = mutable.ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
-        ArrowFrames.readState(file) { (k, v) => rows += (toRow(k, numKeyFields) -> toRow(v, numValueFields)) }
-        VersionState.build(version, stringField(reply, "manifestId"), rows.iterator, prefixOf)
-      }
-      state.retain() // one reference for the cache, one for the caller
-      remember(state)
-      loaded(state, reply, started)
-    } catch {
-      case NonFatal(e) =>
-        StateWorker.deleteRecursively(viewDir) // a view of a failed load is nobody's
-        throw e
-    } finally file.delete()
-  }
-
-  private def loaded(state: CommittedVersion, reply: JValue, startedNanos: Long): LoadedVersion =
-    LoadedVersion(state, LoadMetrics(
-      fromCache = false,
-      totalMs = (System.nanoTime() - startedNanos) / 1000000,
-      bytesRead = longField(reply, "bytes"),
-      fromReply = replyMetrics(reply)))
-
-  private def replayFromWorker(
-      snapshotVersion: Long,
-      snapshotId: Option[String],
-      endVersion: Long,
-      endId: Option[String]): LoadedVersion = {
-    if (!usesViews) throw StoreChecks.noReplayOnMemoryBackend(this)
-    val started = System.nanoTime()
-    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
-    val viewDir = new File(StateWorker.viewsDir, s"v$endVersion-replay-${UUID.randomUUID()}")
-    try {
-      val reply = callWorker(worker, s"replay of $describeStore version $endVersion from snapshot $snapshotVersion") {
-        (svc, h) => svc.replay(h, snapshotVersion, snapshotId.getOrElse(""), endVersion, endId.getOrElse(""),
-          viewDir.getAbsolutePath)
-      }
-      loaded(new RocksView(viewDir, endVersion, stringField(reply, "manifestId"), longField(reply, "numKeys"),
-        longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore), reply, started)
-    } catch {
-      case NonFatal(e) =>
-        StateWorker.deleteRecursively(viewDir)
-        throw e
     }
   }
 
@@ -508,7 +414,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
     var numInternalKeys = base.numInternalKeys
     var changedRows = 0L
     var lookedUp = 0L
-    val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
+    val worker = session.worker()
     val acquiredAt = System.nanoTime() // after a worker start, if this commit had to wait for one
     val file = new File(worker.exchangeDir, s"commit-${UUID.randomUUID()}.arrow")
     val viewDir = new File(StateWorker.viewsDir, s"v$newVersion-${UUID.randomUUID()}")
@@ -549,7 +455,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
       }
       val writtenAt = System.nanoTime()
       val reply = try {
-        callWorker(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
+        session.call(worker, s"commit of $describeStore version $newVersion") { (svc, h) =>
           svc.commit(h, base.version, base.manifestId, file.getAbsolutePath, attemptId(), numKeys, numInternalKeys,
             if (usesViews) viewDir.getAbsolutePath else "", forceSnapshot, emptyBase(base))
         }
@@ -557,7 +463,7 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         case e: StateWorkerException if e.errorType == "BaseVersionReplacedError" =>
           // Our cached base is an attempt the checkpoint no longer holds: forget it and what was
           // built on it, so the retried task loads the version the checkpoint has.
-          forgetFrom(base.version)
+          versions.forgetFrom(base.version)
           StateWorker.deleteRecursively(viewDir)
           throw e
         case e: StateWorkerTimeoutException =>
@@ -582,13 +488,14 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         case None =>
           val manifestId = stringField(reply, "manifestId")
           // Durable first: the worker replied once the version was durable and makes the view after.
-          val awaitReady = if (reply \ "viewPending" == JBool(true)) viewMadeAfterCommit(newVersion, manifestId, viewDir)
+          val awaitReady =
+            if (reply \ "viewPending" == JBool(true)) versions.viewMadeAfterCommit(newVersion, manifestId, viewDir)
             else null
           new RocksView(viewDir, newVersion, manifestId, longField(reply, "numKeys"),
             longField(reply, "numInternalKeys"), keyCodec, numValueFields, describeStore, awaitReady)
       }
       state.retain() // one reference for the cache, one for the caller
-      remember(state)
+      versions.remember(state)
       hasCommitted = true
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf)
@@ -604,108 +511,17 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
         MetricKeysLookedUp -> lookedUp,
         MetricFrameBytes -> frameBytes,
         MetricSnapshotsMade -> snapshotsSinceCommit.getAndSet(0L),
-        MetricViewWaitMs -> viewWaitNanos.getAndSet(0L) / 1000000,
+        MetricViewWaitMs -> versions.takeViewWaitMs(),
         MetricSnapshotsForced -> (if (forceSnapshot) 1L else 0L),
         MetricStoresLagging -> (if (newVersion - lastSnapshot.get > laggingAfterVersions) 1L else 0L)))
     } finally file.delete()
   }
 
   /**
-   * What the first read of a version committed durable first does before opening its view: waits
-   * for the worker to have made it (or to have loaded the version there, if making it failed or
-   * that worker died). A failure forgets the version and those built on it, so Spark's retry of
-   * the task loads what the checkpoint holds.
-   */
-  private def viewMadeAfterCommit(version: Long, manifestId: String, viewDir: File): () => Unit = () => {
-    // RocksDB makes a checkpoint under another name and renames it into place, and the worker never
-    // removes one it made: a directory that is there is the whole view, and needs no call.
-    if (!viewDir.isDirectory) awaitViewFromWorker(version, manifestId, viewDir)
-  }
-
-  private def awaitViewFromWorker(version: Long, manifestId: String, viewDir: File): Unit = {
-    val started = System.nanoTime()
-    try {
-      val worker = StateWorker.acquire(launchSpec, storeIdValue.partitionId)
-      val reply = callWorker(worker, s"read view of $describeStore version $version") { (svc, h) =>
-        svc.awaitView(h, version, manifestId, viewDir.getAbsolutePath)
-      }
-      RocksViews.noteWorkerRss(worker.slot, longField(reply, "workerRssBytes"))
-    } catch {
-      case NonFatal(e) =>
-        forgetFrom(version)
-        throw e
-    } finally viewWaitNanos.addAndGet(System.nanoTime() - started)
-  }
-
-  /** Time reads waited for views made after their commits replied, since the last commit's metrics. */
-  private val viewWaitNanos = new java.util.concurrent.atomic.AtomicLong(0L)
-
-  /**
    * An empty store opened at a version that was never loaded (`openEmptyWriteStore`): every loaded
    * or committed version after 0 carries the id of its manifest.
    */
   private def emptyBase(base: CommittedVersion): Boolean = base.version > 0 && base.manifestId.isEmpty
-
-  private def remember(state: CommittedVersion): Unit = {
-    val evicted = synchronized {
-      val out = mutable.ListBuffer.empty[CommittedVersion]
-      cachedVersions.remove(state.version).foreach(out += _)
-      cachedVersions.put(state.version, state)
-      while (cachedVersions.size > versionsInMemory) {
-        val (v, old) = cachedVersions.head
-        cachedVersions.remove(v)
-        out += old
-      }
-      out.toList
-    }
-    evicted.foreach(RocksViews.releaseLater)
-  }
-
-  private def forgetFrom(version: Long): Unit = {
-    val dropped = synchronized {
-      val vs = cachedVersions.keys.filter(_ >= version).toList
-      vs.flatMap(cachedVersions.remove)
-    }
-    dropped.foreach(_.release())
-  }
-
-  private def callWorker(what: String)(f: (PythonStateService, String) => String): JValue =
-    callWorker(StateWorker.acquire(launchSpec, storeIdValue.partitionId), what)(f)
-
-  /**
-   * Opens the store in this worker generation if needed, then makes the call. After a call timed
-   * out (stuck in the worker, which still serves others), the store is opened afresh under a new
-   * handle, so the next task does not queue behind the stuck call; the worker closes the old one
-   * once that call returns.
-   */
-  private def callWorker(worker: RunningWorker, what: String)(
-      f: (PythonStateService, String) => String): JValue = {
-    val h = synchronized {
-      if (openedInGeneration != worker.generation || abandonedHandle.isDefined) {
-        // The local database goes in the directory of the worker that serves this partition.
-        val local = JObject("localDir" -> JString(worker.localStateDir.getAbsolutePath))
-        val replaces = abandonedHandle match {
-          case Some(old) if openedInGeneration == worker.generation =>
-            storeDescription = describeForWorker()
-            JObject("replacesHandle" -> JString(old))
-          case _ => JObject()
-        }
-        val desc = compact(render(JsonMethods.parse(storeDescription).merge(local).merge(replaces)))
-        val reply = StateWorker.call(worker, s"open of $describeStore", launchSpec)(_.openStore(desc))
-        StoreChecks.readPathMatches(stringField(reply, "readPath"), usesViews, this)
-        handle = (reply \ "handle").asInstanceOf[JString].s
-        openedInGeneration = worker.generation
-        abandonedHandle = None
-      }
-      handle
-    }
-    try StateWorker.call(worker, what, launchSpec)(svc => f(svc, h))
-    catch {
-      case e: StateWorkerTimeoutException =>
-        synchronized { if (handle == h) abandonedHandle = Some(h) }
-        throw e
-    }
-  }
 
   private def attemptId(): String = Option(TaskContext.get()).map { tc =>
     s"stage${tc.stageId()}.${tc.stageAttemptNumber()}-task${tc.taskAttemptId()}.${tc.attemptNumber()}"
