@@ -1,12 +1,9 @@
 package org.pystatestore
 
-import java.io.{File, RandomAccessFile}
-import java.net.InetAddress
-import java.nio.charset.StandardCharsets
+import java.io.File
 import java.nio.file.Files
 import java.nio.file.attribute.PosixFilePermissions
-import java.security.SecureRandom
-import java.util.concurrent.{CompletableFuture, CountDownLatch, ExecutionException, Executors, ThreadFactory, TimeUnit,
+import java.util.concurrent.{CompletableFuture, ExecutionException, Executors, ThreadFactory, TimeUnit,
   TimeoutException}
 import java.util.concurrent.atomic.{AtomicBoolean, AtomicInteger}
 
@@ -14,8 +11,7 @@ import scala.util.control.NonFatal
 
 import org.json4s._
 import org.json4s.jackson.JsonMethods
-import javax.net.SocketFactory
-import py4j.{CallbackClient, GatewayServer}
+import py4j.GatewayServer
 
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
@@ -163,43 +159,16 @@ final class RunningWorker private[pystatestore] (
   }
 }
 
-/** Entry point the Python worker calls once, to hand over its service and callback port. */
-final class WorkerRegistration(token: String) {
-  private val latch = new CountDownLatch(1)
-  @volatile private var registered: PythonStateService = _
-  @volatile private[pystatestore] var server: GatewayServer = _
-
-  def register(service: PythonStateService, callbackPort: Int): Unit = {
-    // The callback client keeps the auth token; only the port is learned here.
-    server.resetCallbackClient(InetAddress.getLoopbackAddress, callbackPort)
-    registered = service
-    latch.countDown()
-  }
-
-  private[pystatestore] def await(ms: Long): Option[PythonStateService] =
-    if (latch.await(ms, TimeUnit.MILLISECONDS)) Some(registered) else None
-}
-
 /**
  * The per-JVM pool of Python state workers (DESIGN §2): each started lazily by the first store that
  * needs it, shared by every provider in this JVM, restarted on the next call after it dies. A store
- * always goes to the same worker (by partition), where its local database lives.
+ * always goes to the same worker (by partition), where its local database lives. Also the calls
+ * (bounded waits, health probes) and the JVM's work directories; WorkerProcess starts a worker.
  */
 object StateWorker extends Logging {
   /** Must equal PROTOCOL_VERSION in python/pystatestore/worker/service.py; checked on every worker start. */
   val ProtocolVersion = 9
 
-  /**
-   * The worker's allocators, set where the user has not: memory a commit frees goes back to the
-   * system instead of waiting in allocator caches, which RSS counts. Few glibc arenas (each thread,
-   * uploads and RocksDB's, would get one); allocations from 64 KiB up (change frame batches, chunk
-   * encodings) mmapped and unmapped on free; Arrow's buffers on that allocator rather than
-   * mimalloc's own pages. Two stores, 8 commits of 250k keys each: peak 47 -> 37 MiB anonymous.
-   */
-  val WorkerAllocatorEnv: Seq[(String, String)] = Seq(
-    "MALLOC_ARENA_MAX" -> "2",
-    "MALLOC_MMAP_THRESHOLD_" -> "65536",
-    "ARROW_DEFAULT_MEMORY_POOL" -> "system")
   /** Sized by the first store to acquire a worker (as the interpreter is); slots start empty. */
   private var pool: Array[RunningWorker] = _
   /** Per slot, a worker start in flight (its outcome), or null. */
@@ -407,12 +376,6 @@ object StateWorker extends Logging {
     }
   }
 
-  private def newToken(): String = {
-    val bytes = new Array[Byte](32)
-    new SecureRandom().nextBytes(bytes)
-    bytes.map("%02x".format(_)).mkString
-  }
-
   /** Scratch space for one worker slot's local working files (RocksDB instances). */
   private[pystatestore] def localStateDir(slot: Int): File = {
     val dir = new File(new File(workRoot(), "stores"), s"w$slot")
@@ -488,119 +451,8 @@ object StateWorker extends Logging {
 
   private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
     val generation = synchronized { generations += 1; generations }
-    val root = workRoot()
-    val exchangeDir = Files.createTempDirectory(root.toPath, s"xfer-$generation-").toFile
-    val logFile = new File(root, s"worker-$generation.log")
-    val token = newToken()
-    val registration = new WorkerRegistration(token)
-    // Gateway threads inherit this loader, so Py4J can resolve our interface by name even when
-    // the shim jar came in through spark.jars rather than the system class path.
-    val thread = Thread.currentThread()
-    val previousLoader = thread.getContextClassLoader
-    thread.setContextClassLoader(getClass.getClassLoader)
-    val server = try {
-      val s = new GatewayServer.GatewayServerBuilder()
-        .entryPoint(registration)
-        .javaPort(0)
-        .javaAddress(InetAddress.getLoopbackAddress)
-        .authToken(token)
-        // minConnectionTime 0: no idle-connection cleaner, whose non-daemon thread would keep a
-        // driver JVM alive after main() returns. copyWith (on register) keeps this setting.
-        // readTimeout: a call stuck in the worker past callTimeoutMs (which already failed its
-        // task) gives back its thread and connection soon after, instead of holding them forever.
-        .callbackClient(new CallbackClient(0, InetAddress.getLoopbackAddress, token, 0L,
-          TimeUnit.SECONDS, SocketFactory.getDefault, true, readTimeoutMs(spec)))
-        .build()
-      registration.server = s
-      s.start(true)
-      s
-    } finally thread.setContextClassLoader(previousLoader)
-
-    val command = new java.util.ArrayList[String]()
-    command.add(spec.pythonExec)
-    command.add("-m")
-    command.add("pystatestore.worker")
-    val pb = new ProcessBuilder(command)
-    val env = pb.environment()
-    StateWorker.WorkerAllocatorEnv.foreach { case (name, value) => if (env.get(name) == null) env.put(name, value) }
-    spec.pythonPath.foreach { p =>
-      env.put("PYTHONPATH", (p +: Option(env.get("PYTHONPATH")).toSeq).mkString(File.pathSeparator))
-    }
-    pb.redirectErrorStream(true)
-    pb.redirectOutput(ProcessBuilder.Redirect.appendTo(logFile))
-    val process = try pb.start() catch {
-      case NonFatal(e) =>
-        server.shutdown()
-        throw new StateWorkerDiedException(
-          s"Could not start the pystatestore state worker with '${spec.pythonExec}': ${e.getMessage}. " +
-            s"Set ${WorkerLaunchSpec.ConfPrefix}pythonExec (or spark.pyspark.python) to a Python " +
-            "that has the pystatestore package installed.", e)
-    }
-
-    // Port and token go over the worker's stdin, which stays open as its lifeline: never on its
-    // command line (visible to `ps`) nor in its environment (readable in /proc/<pid>/environ).
-    try {
-      val stdin = process.getOutputStream
-      stdin.write(s"""{"port": ${server.getListeningPort}, "token": "$token"}\n""".getBytes(StandardCharsets.UTF_8))
-      stdin.flush()
-    } catch { case NonFatal(_) => } // a worker that exited at once is reported below with its log
-
-    val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(spec.startTimeoutMs)
-    var service: Option[PythonStateService] = None
-    while (service.isEmpty && process.isAlive && System.nanoTime() < deadline) {
-      service = registration.await(100)
-    }
-    if (service.isEmpty) {
-      if (process.isAlive) process.destroyForcibly()
-      server.shutdown()
-      val why = if (process.isAlive) s"did not register within ${spec.startTimeoutMs} ms"
-        else s"exited with code ${process.waitFor()} before registering"
-      throw new StateWorkerDiedException(
-        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') $why. " +
-          s"Last lines of its log ($logFile):\n${tail(logFile)}\n" +
-          s"Check that this Python can import pystatestore, pyarrow and py4j, or set " +
-          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath.",
-        null)
-    }
-    val worker = new RunningWorker(generation, slot, process, logFile, exchangeDir, server, service.get)
-    checkProtocol(worker, spec)
-    logInfo(s"Started ${worker.describe}; log at $logFile")
+    val worker = WorkerProcess.start(spec, slot, generation, workRoot())
+    logInfo(s"Started ${worker.describe}; log at ${worker.logFile}")
     worker
   }
-
-  /** Refuses a worker from another pystatestore release: it would misread our calls. */
-  private def checkProtocol(worker: RunningWorker, spec: WorkerLaunchSpec): Unit = {
-    val hello = try call(worker, "the start-up handshake", spec.copy(callTimeoutMs = spec.startTimeoutMs))(
-      _.hello()) catch {
-      case NonFatal(e) =>
-        worker.shutdown()
-        throw e
-    }
-    val protocol = (hello \ "protocol").extractOrElse[Int](-1)
-    if (protocol != ProtocolVersion) {
-      worker.shutdown()
-      val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
-      throw new StateWorkerDiedException(
-        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') runs pystatestore " +
-          s"$theirs, which speaks protocol $protocol; this jar (pystatestore ${Release.Version}) speaks " +
-          s"protocol $ProtocolVersion. Install pystatestore ${Release.Version} for that Python, or point " +
-          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath at a Python " +
-          "that has it (pystatestore.configure_spark sets both to the Python that configured the session).",
-        null)
-    }
-  }
-
-  private def readTimeoutMs(spec: WorkerLaunchSpec): Int =
-    math.min(Int.MaxValue.toLong, spec.callTimeoutMs + 2 * spec.probeIntervalMs).toInt
-
-  private def tail(file: File, maxBytes: Int = 4000): String = try {
-    val raf = new RandomAccessFile(file, "r")
-    try {
-      val start = math.max(0L, raf.length() - maxBytes)
-      val buf = new Array[Byte]((raf.length() - start).toInt)
-      raf.seek(start)
-      raf.readFully(buf)
-      new String(buf, StandardCharsets.UTF_8)
-    } finally raf.close()
-  } catch { case NonFatal(_) => "(log unreadable)" }
 }
