@@ -2,15 +2,13 @@ package org.pystatestore
 
 import org.apache.spark.unsafe.Platform
 
-import WriteBuffer.KeyLengthAt
-
 /**
  * Orders a write buffer's newest records by their key bytes for the commit: the views' backend
  * (rocksdb) writes the commit frame straight into a sorted SST file. It reads the records in place
- * in the buffer's pages, whose key bytes follow a header of `header` bytes (the buffer's record
- * layout), while the buffer holds its lock.
+ * in the buffer's pages, while the buffer holds its lock; in the buffer's record layout a record's
+ * key length is an Int at `keyLengthAt` and its key bytes start at `header`.
  */
-private[pystatestore] final class RecordSort(header: Int) {
+private[pystatestore] final class RecordSort(keyLengthAt: Int, header: Int) {
   import RecordSort.SmallSort
 
   /**
@@ -106,12 +104,12 @@ private[pystatestore] final class RecordSort(header: Int) {
     private def sharedPrefix(lo: Int, hi: Int, from: Int): Int = {
       val first = at(addresses, lo)
       val a = first + header + from
-      var shared = Platform.getInt(null, first + KeyLengthAt) - from
+      var shared = Platform.getInt(null, first + keyLengthAt) - from
       var i = lo + 1
       while (i < hi && shared > 0) {
         val r = at(addresses, i)
         val b = r + header + from
-        val limit = math.min(shared, Platform.getInt(null, r + KeyLengthAt) - from)
+        val limit = math.min(shared, Platform.getInt(null, r + keyLengthAt) - from)
         var n = 0
         while (n + 8 <= limit && Platform.getLong(null, a + n) == Platform.getLong(null, b + n)) n += 8
         while (n < limit && Platform.getByte(null, a + n) == Platform.getByte(null, b + n)) n += 1
@@ -124,14 +122,14 @@ private[pystatestore] final class RecordSort(header: Int) {
     private def longestKey(lo: Int, hi: Int): Int = {
       var longest = 0
       var i = lo
-      while (i < hi) { longest = math.max(longest, Platform.getInt(null, at(addresses, i) + KeyLengthAt)); i += 1 }
+      while (i < hi) { longest = math.max(longest, Platform.getInt(null, at(addresses, i) + keyLengthAt)); i += 1 }
       longest
     }
   }
 
   /** The 8 key bytes of the record at `record` from `offset`, big-endian, zeros past the key's end. */
   private def prefixAt(record: Long, offset: Int): Long = {
-    val length = Platform.getInt(null, record + KeyLengthAt)
+    val length = Platform.getInt(null, record + keyLengthAt)
     val keyAt = record + header + offset
     if (length - offset >= 8) java.lang.Long.reverseBytes(Platform.getLong(null, keyAt))
     else {
@@ -186,8 +184,8 @@ private[pystatestore] final class RecordSort(header: Int) {
   private def compareKeys(a: Long, b: Long): Int = {
     val aAt = a + header
     val bAt = b + header
-    val aLength = Platform.getInt(null, a + KeyLengthAt)
-    val bLength = Platform.getInt(null, b + KeyLengthAt)
+    val aLength = Platform.getInt(null, a + keyLengthAt)
+    val bLength = Platform.getInt(null, b + keyLengthAt)
     val common = math.min(aLength, bLength)
     var i = 0
     while (i + 8 <= common) {

@@ -452,7 +452,30 @@ object StateWorker extends Logging {
   private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
     val generation = synchronized { generations += 1; generations }
     val worker = WorkerProcess.start(spec, slot, generation, workRoot())
+    checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at ${worker.logFile}")
     worker
+  }
+
+  /** Refuses a worker from another pystatestore release: it would misread our calls. */
+  private def checkProtocol(worker: RunningWorker, spec: WorkerLaunchSpec): Unit = {
+    val hello = try call(worker, "the start-up handshake", spec.copy(callTimeoutMs = spec.startTimeoutMs))(
+      _.hello()) catch {
+      case NonFatal(e) =>
+        worker.shutdown()
+        throw e
+    }
+    val protocol = (hello \ "protocol").extractOrElse[Int](-1)
+    if (protocol != ProtocolVersion) {
+      worker.shutdown()
+      val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
+      throw new StateWorkerDiedException(
+        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') runs pystatestore " +
+          s"$theirs, which speaks protocol $protocol; this jar (pystatestore ${Release.Version}) speaks " +
+          s"protocol $ProtocolVersion. Install pystatestore ${Release.Version} for that Python, or point " +
+          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath at a Python " +
+          "that has it (pystatestore.configure_spark sets both to the Python that configured the session).",
+        null)
+    }
   }
 }

@@ -9,7 +9,6 @@ import java.util.concurrent.{CountDownLatch, TimeUnit}
 
 import scala.util.control.NonFatal
 
-import org.json4s._
 import javax.net.SocketFactory
 import py4j.{CallbackClient, GatewayServer}
 
@@ -32,14 +31,10 @@ final class WorkerRegistration(token: String) {
 
 /**
  * Starting one Python worker process for the pool (StateWorker): its Py4J gateway on loopback with
- * a fresh token, the process with its allocator settings, the handshake over its stdin, its
- * registration, and the check that it speaks this jar's protocol.
+ * a fresh token, the process with its allocator settings, the handshake over its stdin, and its
+ * registration. The pool then checks that it speaks this jar's protocol.
  */
 private[pystatestore] object WorkerProcess {
-  import StateWorker.ProtocolVersion
-
-  private implicit val formats: Formats = DefaultFormats
-
   /**
    * The worker's allocators, set where the user has not: memory a commit frees goes back to the
    * system instead of waiting in allocator caches, which RSS counts. Few glibc arenas (each thread,
@@ -130,31 +125,7 @@ private[pystatestore] object WorkerProcess {
           s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath.",
         null)
     }
-    val worker = new RunningWorker(generation, slot, process, logFile, exchangeDir, server, service.get)
-    checkProtocol(worker, spec)
-    worker
-  }
-
-  /** Refuses a worker from another pystatestore release: it would misread our calls. */
-  private def checkProtocol(worker: RunningWorker, spec: WorkerLaunchSpec): Unit = {
-    val handshake = spec.copy(callTimeoutMs = spec.startTimeoutMs)
-    val hello = try StateWorker.call(worker, "the start-up handshake", handshake)(_.hello()) catch {
-      case NonFatal(e) =>
-        worker.shutdown()
-        throw e
-    }
-    val protocol = (hello \ "protocol").extractOrElse[Int](-1)
-    if (protocol != ProtocolVersion) {
-      worker.shutdown()
-      val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
-      throw new StateWorkerDiedException(
-        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') runs pystatestore " +
-          s"$theirs, which speaks protocol $protocol; this jar (pystatestore ${Release.Version}) speaks " +
-          s"protocol $ProtocolVersion. Install pystatestore ${Release.Version} for that Python, or point " +
-          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath at a Python " +
-          "that has it (pystatestore.configure_spark sets both to the Python that configured the session).",
-        null)
-    }
+    new RunningWorker(generation, slot, process, logFile, exchangeDir, server, service.get)
   }
 
   private def readTimeoutMs(spec: WorkerLaunchSpec): Int =

@@ -351,7 +351,7 @@ final class WriteBuffer(codec: KeyCodec, numValueFields: Int) extends AutoClosea
           count += 1
         }
       }
-      if (sorted) new RecordSort(header).sortByKey(newest, count)
+      if (sorted) new RecordSort(KeyLengthAt, header).sortByKey(newest, count)
       var i = 0
       while (i < count) {
         val record = newest(i)
@@ -427,7 +427,7 @@ object WriteBuffer {
   private val PrevAt = 0
   private val NextAt = 8
   private val FlagsAt = 16
-  private[pystatestore] val KeyLengthAt = 17
+  private val KeyLengthAt = 17
   private val ValueLengthAt = 21
   private val Header = 25
   private val PrefixLinkAt = 25
