@@ -21,7 +21,7 @@ import pytest
 
 from backend_support import MODES, changes, commit, hold_at, make_backend, state_of
 from pystatestore.store import frames
-from pystatestore.store.backends import StateBackend
+from pystatestore.store.backends import StateBackend, cleanup
 from pystatestore.store.errors import (
     BaseVersionReplacedError,
     CheckpointDamagedError,
@@ -469,7 +469,7 @@ def test_gc_looks_for_new_pins_after_planning(tmp_path: Path, monkeypatch) -> No
     for v in range(6):
         commit(writer, v, changes({f"k{v}".encode(): b"v"}), f"t{v}")
     gc = make_backend("rocksdb", store, tmp_path / "gc", retain=2, mode="snapshot")
-    planned = gc.needs_by_version
+    planned = cleanup.needs_by_version
     lease = store / LEASE_DIR / ("c" * 32)
 
     def pin_while_planning(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -478,7 +478,7 @@ def test_gc_looks_for_new_pins_after_planning(tmp_path: Path, monkeypatch) -> No
             lease.write_text(json.dumps({"version": 4, "token": "c" * 32, "at": time.time(), "base_version": 3}))
         return planned(*args, **kwargs)
 
-    monkeypatch.setattr(gc, "needs_by_version", pin_while_planning)
+    monkeypatch.setattr(cleanup, "needs_by_version", pin_while_planning)
     gc.maintenance()
     assert manifest_file(store, 3).exists(), "GC removed a version pinned while it planned"
     assert state_of(make_backend("rocksdb", store, tmp_path / "r", mode="snapshot"), 3) == {

@@ -1,4 +1,8 @@
-"""The backend interface the service drives. A backend owns one store's versions and their files."""
+"""The backend interface the service drives. A backend owns one store's versions and their files.
+
+StateBackend is the contract (load, commit, maintenance) and what every backend shares: reading
+and checking manifests, walking a changelog chain, naming new manifests. What maintenance deletes
+is worked out, and deleted, in cleanup.py."""
 
 from __future__ import annotations
 
@@ -13,30 +17,23 @@ import pyarrow as pa
 
 from .. import frames
 from ..errors import BaseVersionReplacedError, CheckpointDamagedError, CheckpointMissingError, StoreConfigError
-from ..leases import LEASE_DIR, Clock, CommitLease, LeaseUnreadableError, read_leased_bases, validate_grace
+from ..leases import Clock, CommitLease, validate_grace
 from ..manifest import (
     KEY_ENCODING_RAW,
     KIND_CHANGELOG,
     MANIFEST_DIR,
-    SNAPSHOT_DIR,
     ChangesRef,
     FileRef,
     Manifest,
     checkpoint_id_of_manifest,
     is_checkpoint_id,
     manifest_path,
-    snapshot_of,
     snapshot_path,
     version_of_manifest,
 )
 from ..remote import RemoteFile, RemoteStore, describe_foreign_layout
-from ..retention import (
-    RetentionPlan,
-    last_published_version,
-    lowest_retained_version,
-    plan_retention,
-    version_of_replaced_manifest,
-)
+from ..retention import RetentionPlan
+from . import cleanup
 from .context import (
     BACKEND_CONF,
     CommitResult,
@@ -77,7 +74,7 @@ class StateBackend(abc.ABC):
         self.clock: Clock = time.time
         self.parsed = ParsedManifests()
 
-    def _fault_point(self, name: str, moved: int = 0) -> None:
+    def fault_point(self, name: str, moved: int = 0) -> None:
         if self.transfer_observer is not None:
             self.transfer_observer(name, moved)
         if self.fault_hook is not None:
@@ -176,7 +173,7 @@ class StateBackend(abc.ABC):
         """The manifest of `version` (of its attempt `checkpoint_id`, when given: Spark's checkpoint
         format v2), checked to belong to this store and this backend."""
         m = self.read_any_manifest(version, checkpoint_id)
-        self._check_identity(m, m.path)
+        self.check_identity(m, m.path)
         return m
 
     def read_any_manifest(self, version: int, checkpoint_id: str | None = None) -> Manifest:
@@ -286,7 +283,7 @@ class StateBackend(abc.ABC):
             found.append(self._parsed_file(rel, version))
         return max(found, key=lambda m: m.created_at) if found else None
 
-    def _check_identity(self, m: Manifest, rel: str) -> None:
+    def check_identity(self, m: Manifest, rel: str) -> None:
         """Refuses a manifest of another backend or another store: reading it would mean carrying on
         with the wrong (usually empty) state."""
         if m.backend != self.name:
@@ -333,7 +330,7 @@ class StateBackend(abc.ABC):
         if not self.remote.exists(rel):
             return None
         m = self._parsed_file(rel, version)
-        self._check_identity(m, rel)
+        self.check_identity(m, rel)
         if m.is_changelog or m.manifest_id != manifest_id:
             raise CheckpointDamagedError(
                 "a snapshot manifest that does not describe the version it is named for",
@@ -370,42 +367,6 @@ class StateBackend(abc.ABC):
                     "checkpoint location.",
                 )
             current = parent
-
-    def dependencies(
-        self,
-        m: Manifest,
-        *,
-        snapshots: Mapping[tuple[int, str], RemoteFile],
-        now: float,
-        cache: dict[str, Manifest] | None = None,
-    ) -> set[str]:
-        """Every file a version needs to be restored: for a changelog version, its chain's manifests
-        and changes back to a snapshot. While the newest snapshot on the chain is younger than the
-        grace period, the chain back to the snapshot before it counts too: restores that began
-        before the new snapshot appeared are still walking it, and a snapshot being made may reuse
-        its files. Older chains go: a long-running query keeps about `minBatchesToRetain` versions
-        plus one snapshot interval, not everything of the last grace period."""
-        needed = {f.path for f in m.files()}
-        if not m.is_changelog:
-            return needed
-        grace = self.ctx.orphan_grace_seconds
-        found = 0
-        for c in self.chain_back(m, cache):
-            needed.add(c.path)
-            needed.update(f.path for f in c.files())
-            if not c.is_changelog:
-                break
-            snap = snapshots.get((c.version, c.manifest_id))
-            materialized = self._listed_snapshot(snap, c, now) if snap is not None else None
-            if snap is None or materialized is None:
-                continue
-            needed.add(snap.path)
-            needed.update(f.path for f in materialized.files())
-            found += 1
-            settled = snap.mtime is not None and now - snap.mtime > grace
-            if settled or found == 2:
-                break
-        return needed
 
     def new_manifest(
         self,
@@ -461,18 +422,12 @@ class StateBackend(abc.ABC):
             m.checkpoint_id = m.manifest_id
         return m
 
-    # -- retention (DESIGN §4) -------------------------------------------------------------
+    # -- retention (DESIGN §4): cleanup.py plans it and deletes ------------------------------
     def maintenance(self, now: float | None = None) -> dict[str, Any]:
-        """Deletes what no retained version needs. Manifests go first, so a crash part-way leaves
-        only unreferenced files, which the next run (recomputing the same plan) removes. `now` is
+        """Deletes what no retained version needs (manifests first: see `cleanup.delete`). `now` is
         taken before anything is listed, so a lease renewed during the listing is seen as live."""
         plan = self.plan_maintenance(now)
-        # Snapshot manifests go before the files they name, like version manifests.
-        files = sorted(plan.delete_files, key=lambda rel: not rel.startswith(SNAPSHOT_DIR + "/"))
-        for rel in [*plan.delete_manifests, *files]:
-            self.remote.delete(rel)
-            self._fault_point("gc:deleted")
-        removed_dirs = sum(self.remote.remove_dir_if_empty(d) for d in plan.delete_dirs)
+        removed_dirs = cleanup.delete(self.remote, plan, self.fault_point)
         self._after_retention(plan)
         return {
             "lowestRetained": plan.lowest_retained,
@@ -484,68 +439,7 @@ class StateBackend(abc.ABC):
 
     def plan_maintenance(self, now: float | None = None) -> RetentionPlan:
         """What `maintenance` deletes when run at `now`, deleting nothing (`pystatestore gc --dry-run`)."""
-        now = self.clock() if now is None else now
-        manifests = self.remote.list_files(MANIFEST_DIR)
-        leases = self.remote.list_files(LEASE_DIR)
-        data_files = [f for d in ("private", "shared", "changelog", SNAPSHOT_DIR) for f in self.remote.list_files(d)]
-        attempt_dirs = self.remote.list_dirs("private")
-        versions = {v for f in manifests if (v := version_of_manifest(f.path)) is not None}
-        pinned: frozenset[int] = frozenset()
-        plan: RetentionPlan | None = None
-        listing = leases
-        while True:
-            try:
-                found = read_leased_bases(
-                    self.remote, listing, now=now, grace_seconds=self.ctx.orphan_grace_seconds, versions=versions
-                )
-            except LeaseUnreadableError as e:
-                log.warning("%s", e)  # what that lease pins is unknown: delete nothing this run
-                return RetentionPlan(None, (), (), ())
-            if plan is not None and found <= pinned:
-                return plan
-            pinned |= found
-            refs = self.needs_by_version(manifests, data_files, now=now, pinned=pinned)
-            plan = plan_retention(
-                manifests + leases + data_files,
-                refs,
-                min_versions_to_retain=self.ctx.min_versions_to_retain,
-                now=now,
-                orphan_grace_seconds=self.ctx.orphan_grace_seconds,
-                dirs=attempt_dirs,
-                pinned=pinned,
-            )
-            # A commit on an older version may have pinned it while this planned: look again right
-            # before deleting (the commit checks its base's files once more before it publishes).
-            listing = self.remote.list_files(LEASE_DIR)
-
-    def _listed_snapshot(self, snap: RemoteFile, m: Manifest, now: float) -> Manifest | None:
-        """`read_snapshot` of the listed snapshot file `snap` of `m`, from `parsed` when unchanged."""
-        found = self.parsed.get(snap)
-        if found is None:
-            found = self.read_snapshot(m.version, m.manifest_id)
-            if found is not None:
-                self.parsed.put(snap, found, now)
-        return found
-
-    def _listed_manifests(self, manifests: list[RemoteFile]) -> dict[str, Manifest]:
-        """The listed manifests `parsed` holds unchanged, by path."""
-        found = {}
-        for f in manifests:
-            if version_of_manifest(f.path) is not None and (m := self.parsed.get(f)) is not None:
-                found[f.path] = m
-        return found
-
-    def _remember_manifests(self, manifests: list[RemoteFile], read: Mapping[str, Manifest], now: float) -> None:
-        for f in manifests:
-            v = version_of_manifest(f.path)
-            m = read.get(f.path) if v is not None else None
-            if m is None or m.version != v or self.parsed.get(f) is m:
-                continue
-            try:
-                self._check_identity(m, f.path)
-            except (CheckpointDamagedError, StoreConfigError):
-                continue  # GC reads it again each time, and every load refuses it
-            self.parsed.put(f, m, now)
+        return cleanup.plan(self, self.clock() if now is None else now)
 
     def needs_by_version(
         self,
@@ -555,53 +449,19 @@ class StateBackend(abc.ABC):
         now: float,
         pinned: frozenset[int] = frozenset(),
     ) -> dict[int, list[str] | None]:
-        """What each version with a manifest needs (None: a manifest of it is unreadable). A retained
-        version needs its whole chain back to a snapshot; so do the version committed last, which
-        retention keeps whatever its number (the next commit builds on it), and the `pinned` ones
-        (live commit attempts build on them); an older one, only what it names itself (it is going,
-        and with it what only it used). Under checkpoint format v2 a version needs what each of its
-        attempts does: any of them may be the one Spark's commit log names."""
-        snapshots = {
-            key: f for f in data_files if f.path.startswith(SNAPSHOT_DIR + "/") and (key := snapshot_of(f.path))
-        }
-        attempts: dict[int, list[str | None]] = {}
-        for f in manifests:
-            if (v := version_of_manifest(f.path)) is not None:
-                attempts.setdefault(v, []).append(checkpoint_id_of_manifest(f.path))
-            elif (v := version_of_replaced_manifest(f.path)) is not None:
-                attempts.setdefault(v, [])
-        lowest = lowest_retained_version(attempts, self.ctx.min_versions_to_retain)
-        last = last_published_version(manifests)
-        refs: dict[int, list[str] | None] = {}
-        # Manifests parsed by earlier runs and unchanged since (checked to be this store's, as the
-        # chains need them); the rest are read once per run.
-        cache: dict[str, Manifest] = self._listed_manifests(manifests)
-        unchecked: dict[str, Manifest] = {}
-        for v in sorted(attempts, reverse=True):
-            needed: set[str] = set()
-            try:
-                for cid in attempts[v] or [None]:  # None: a set-aside manifest only (RemoteStore.publish)
-                    m = cache.get(manifest_path(v, cid))
-                    if m is None:
-                        m = self.read_any_manifest(v, cid)
-                        unchecked[m.path] = m
-                    if lowest is not None and (v >= lowest or v == last or v in pinned):
-                        needed |= self.dependencies(m, snapshots=snapshots, now=now, cache=cache)
-                        continue
-                    # A version on its way out: its own files and the snapshot made of it, so the
-                    # registry sees when they were last used and frees them at once when no
-                    # retained version's chain needs them (rather than after the orphan grace).
-                    needed |= {f.path for f in m.files()}
-                    snap = snapshots.get((v, m.manifest_id))
-                    materialized = self._listed_snapshot(snap, m, now) if snap is not None else None
-                    if snap is not None and materialized is not None:
-                        needed |= {snap.path, *(f.path for f in materialized.files())}
-                refs[v] = sorted(needed)
-            except (CheckpointDamagedError, CheckpointMissingError):
-                refs[v] = None  # unknown needs: keep every data file
-        self._remember_manifests(manifests, {**unchecked, **cache}, now)
-        self.parsed.keep_only({f.path for f in manifests} | {f.path for f in snapshots.values()})
-        return refs
+        """What each version with a manifest needs (None: unknown); see `cleanup.needs_by_version`."""
+        return cleanup.needs_by_version(self, manifests, data_files, now=now, pinned=pinned)
+
+    def dependencies(
+        self,
+        m: Manifest,
+        *,
+        snapshots: Mapping[tuple[int, str], RemoteFile],
+        now: float,
+        cache: dict[str, Manifest] | None = None,
+    ) -> set[str]:
+        """Every file version `m` needs to be restored; see `cleanup.dependencies`."""
+        return cleanup.dependencies(self, m, snapshots=snapshots, now=now, cache=cache)
 
     def _after_retention(self, plan: RetentionPlan) -> None:  # noqa: B027 - optional hook
         """Lets a backend drop cached versions that retention removed."""

@@ -145,7 +145,7 @@ class MemoryBackend(StateBackend):
             started = time.perf_counter()
             self.remote.write_bytes(rel, snapshot)
             timed["uploadMs"] = elapsed_ms(started)
-            self._fault_point("commit:uploaded")
+            self.fault_point("commit:uploaded")
             manifest = self.new_manifest(version, len(state), attempt_id, private={SNAPSHOT_FILE: _ref(rel, snapshot)})
             manifest.commit_ms = timed
             body = manifest.to_json()

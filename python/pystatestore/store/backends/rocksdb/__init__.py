@@ -78,7 +78,7 @@ class RocksDBBackend(StateBackend):
                 Path(opts.get("localRecoveryDir") or default_root(self.ctx.host_dir)),
                 store,
                 int_option(opts, "localRecoveryVersions", DEFAULT_VERSIONS_KEPT, minimum=1, store=store),
-                hook=self._fault_point,
+                hook=self.fault_point,
             )
 
     @property

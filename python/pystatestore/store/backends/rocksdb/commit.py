@@ -97,20 +97,20 @@ def commit_under(
             segment_path.unlink(missing_ok=True)
         raise
     metrics["applyMs"] = elapsed_ms(t)
-    b._fault_point("commit:applied")
+    b.fault_point("commit:applied")
 
     t = time.perf_counter()
     if change_file is not None:
         db.ingest(change_file)
     metrics["flushMs"] = elapsed_ms(t)
-    b._fault_point("commit:flushed")
+    b.fault_point("commit:flushed")
 
     published = False
     try:
         t = time.perf_counter()
         db.checkpoint(checkpoint_dir)
         metrics["checkpointMs"] = elapsed_ms(t)
-        b._fault_point("commit:checkpointed")
+        b.fault_point("commit:checkpointed")
         t = time.perf_counter()
         if segment_path is not None:
             manifest, uploaded = changelog_manifest(b, lease, segment_path, rows, version, num_keys, attempt_id, base)
@@ -120,10 +120,10 @@ def commit_under(
             )
         manifest.num_internal_keys = num_internal_keys
         metrics["uploadMs"] = elapsed_ms(t)
-        b._fault_point("commit:uploaded")
+        b.fault_point("commit:uploaded")
         body = publish(b, lease, base, manifest, metrics)
         published = True
-        b._fault_point("commit:manifest-written")
+        b.fault_point("commit:manifest-written")
         keep_local_copy(b, version, manifest, checkpoint_dir, segment_path if uploaded else None, rows, metrics)
     finally:
         if segment_path is not None:
@@ -231,14 +231,14 @@ def commit_durable_first(
         t = time.perf_counter()
         rows = changelog.write_segment(segment_path, frame.to_batches(APPLY_CHUNK_ROWS))
         metrics["segmentMs"] = elapsed_ms(t)
-        b._fault_point("commit:applied")
+        b.fault_point("commit:applied")
         t = time.perf_counter()
         manifest, uploaded = changelog_manifest(b, lease, segment_path, rows, version, num_keys, attempt_id, base)
         manifest.num_internal_keys = num_internal_keys
         metrics["uploadMs"] = elapsed_ms(t)
-        b._fault_point("commit:uploaded")
+        b.fault_point("commit:uploaded")
         body = publish(b, lease, base, manifest, metrics)
-        b._fault_point("commit:manifest-written")
+        b.fault_point("commit:manifest-written")
     except BaseException:
         segment_path.unlink(missing_ok=True)
         raise
@@ -273,17 +273,17 @@ def apply_committed(
         t = time.perf_counter()
         change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version)
         metrics["applyMs"] = elapsed_ms(t)
-        b._fault_point("apply:written")
+        b.fault_point("apply:written")
         t = time.perf_counter()
         if change_file is not None:
             db.ingest(change_file)
         metrics["flushMs"] = elapsed_ms(t)
-        b._fault_point("apply:ingested")
+        b.fault_point("apply:ingested")
         t = time.perf_counter()
         db.checkpoint(checkpoint_dir)  # RocksDB renames it into place whole: the JVM may open it from now on
         viewed = True
         metrics["checkpointMs"] = elapsed_ms(t)
-        b._fault_point("apply:checkpointed")
+        b.fault_point("apply:checkpointed")
         db.set_version(version, manifest)
     except BaseException:
         if not viewed:
@@ -382,11 +382,11 @@ def commit_compact_snapshot(
     t = time.perf_counter()
     puts = state.filter(pc.equal(state.column("op"), frames.OP_PUT)).sort_by([("key", "ascending")])
     metrics["applyMs"] = elapsed_ms(t)
-    b._fault_point("commit:applied")
+    b.fault_point("commit:applied")
     t = time.perf_counter()
     changes_ref, uploaded = store_state(b, puts.to_batches(APPLY_CHUNK_ROWS), version, lease.token)
     metrics["uploadMs"] = elapsed_ms(t)
-    b._fault_point("commit:uploaded")
+    b.fault_point("commit:uploaded")
     t = time.perf_counter()
     manifest = replace(
         b.new_manifest(version, num_keys, attempt_id), changes=changes_ref, num_internal_keys=num_internal_keys
@@ -396,7 +396,7 @@ def commit_compact_snapshot(
     lease.check_before_publish()
     b.remote.publish(manifest.path, body)  # the commit point
     metrics["manifestMs"] = elapsed_ms(t)
-    b._fault_point("commit:manifest-written")
+    b.fault_point("commit:manifest-written")
     if b.local_copies is not None:
         b.local_copies.forget_later_versions(version)
     return commit_result(manifest, len(body), uploaded, metrics)

@@ -59,7 +59,7 @@ def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: Resto
             change_file = b.db.write_change_file(_unit_batches(b, unit, restore), unit[-1].version)
             if change_file is not None:
                 files.append(change_file)
-        b._fault_point("restore:replayed")
+        b.fault_point("restore:replayed")
         if files:
             b.db.ingest(*files)
     except BaseException:
@@ -145,7 +145,7 @@ def _changes_of(b: RocksDBBackend, m: Manifest, restore: Restore | None = None) 
             return kept
     tmp = b.db.fresh_dir(f"changes-{m.version}")
     try:
-        stats = download_all(b.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=b._fault_point)
+        stats = download_all(b.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=b.fault_point)
         if restore is not None:
             restore.downloaded(stats)
         return (tmp / "segment").read_bytes()

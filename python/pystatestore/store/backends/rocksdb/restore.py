@@ -229,7 +229,7 @@ def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], res
                 shutil.rmtree(db_dir, ignore_errors=True)
                 return False
             files, size = files + 1, size + dst.stat().st_size
-            b._fault_point("restore:file")
+            b.fault_point("restore:file")
         try:
             b.db.open(db_dir, m.version, m)
         except CheckpointDamagedError as e:
@@ -284,6 +284,6 @@ def restore_files(b: RocksDBBackend, manifest: Manifest, db_dir: Path) -> tuple[
             missing.append((ref, name))
             continue
         local_files, local_bytes = local_files + 1, local_bytes + ref.size
-        b._fault_point("restore:file")
-    stats = download_all(b.remote, missing, db_dir, b.config.threads, version=version, hook=b._fault_point)
+        b.fault_point("restore:file")
+    stats = download_all(b.remote, missing, db_dir, b.config.threads, version=version, hook=b.fault_point)
     return local_files, local_bytes, stats

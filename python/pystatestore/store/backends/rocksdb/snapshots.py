@@ -125,7 +125,7 @@ def snapshot_of_checkpoint(
             b.db.ancestor = None
             return snapshot_of_checkpoint(b, checkpoint_dir, version, num_keys, attempt_id, token, None, like)
     uploaded = upload_all(
-        b.remote, [(checkpoint_dir / name, rel) for name, rel in to_upload], b.config.threads, hook=b._fault_point
+        b.remote, [(checkpoint_dir / name, rel) for name, rel in to_upload], b.config.threads, hook=b.fault_point
     )
     for (name, _), ref in zip(to_upload, uploaded, strict=True):
         (shared if ref.path.startswith("shared/") else private)[name] = ref
@@ -188,8 +188,8 @@ def store_changes(
     size = segment.stat().st_size
     if size <= inline_limit:
         return ChangesRef(rows, FileRef.inline_of(segment.read_bytes())), []
-    ref = upload_file(b.remote, segment, f"changelog/{version}-{token}.changes", hook=b._fault_point)
-    b._fault_point("upload:file")
+    ref = upload_file(b.remote, segment, f"changelog/{version}-{token}.changes", hook=b.fault_point)
+    b.fault_point("upload:file")
     return ChangesRef(rows, ref), [ref]
 
 
@@ -257,10 +257,10 @@ def finish_materialization(b: RocksDBBackend, job: Materialization) -> None:
                 snapshot, uploaded = snapshot_of_checkpoint(
                     b, job.checkpoint_dir, m.version, m.num_keys, m.attempt_id, lease.token, job.reuse_from, like=m
                 )
-            b._fault_point("materialize:uploaded")
+            b.fault_point("materialize:uploaded")
             lease.check_before_publish()
             b.remote.publish(snapshot_path(m.version, m.manifest_id), snapshot.to_json())
-        b._fault_point("materialize:published")
+        b.fault_point("materialize:published")
         job.snapshot = snapshot
         job.metrics = {
             "materializedVersion": m.version,
