@@ -25,7 +25,8 @@ from ...manifest import (
 )
 from ..context import LoadResult, elapsed_ms
 from .replay import replay_chain, segment_batches
-from .restore import Restore, ensure_at, restore_snapshot
+from .restore import ensure_at, restore_snapshot
+from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
     from . import RocksDBBackend
@@ -127,7 +128,7 @@ def replay_from_snapshot(
             file=manifest_path(snapshot_version),
             advice="Pick a snapshotStartBatchId whose version (batch id + 1) has a snapshot, or read without it.",
         )
-    restore = Restore()
+    restore = RestoreStats()
     restore_snapshot(b, base, restore, own_manifest=own_manifest)
     replay_chain(b, list(reversed(chain)), restore)
     b.db.set_version(end.version, end)

@@ -17,10 +17,10 @@ from ...errors import CheckpointDamagedError
 from ...manifest import Manifest
 from ...transfer import download_all
 from .config import APPLY_CHUNK_ROWS
+from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
     from . import RocksDBBackend
-    from .restore import Restore
 
 # Replay merges consecutive versions' changes into one SST while their segments add up to this:
 # merging holds the versions whole, about 12 bytes of memory per byte of segment.
@@ -29,7 +29,7 @@ REPLAY_MERGE_BYTES = 256 << 10
 REPLAY_INGEST_FILES = 8
 
 
-def replay_chain(b: RocksDBBackend, chain: list[Manifest], restore: Restore) -> None:
+def replay_chain(b: RocksDBBackend, chain: list[Manifest], restore: RestoreStats) -> None:
     """Applies the changes of `chain` (oldest first) to the local DB, which holds the version before
     the first. An ingest costs its fsyncs whatever its size, and a restart restores every partition,
     so replayed versions are ingested together: up to REPLAY_INGEST_FILES SSTs in one call (where
@@ -52,7 +52,7 @@ def replay_chain(b: RocksDBBackend, chain: list[Manifest], restore: Restore) -> 
         _replay_units(b, units[first : first + REPLAY_INGEST_FILES], restore)
 
 
-def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: Restore) -> None:
+def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: RestoreStats) -> None:
     files: list[Path] = []
     try:
         for unit in units:
@@ -73,7 +73,7 @@ def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: Resto
         restore.replayed_bytes += sum(m.changes.ref.size for m in unit if m.changes)
 
 
-def _unit_batches(b: RocksDBBackend, unit: list[Manifest], restore: Restore) -> Iterator[pa.RecordBatch]:
+def _unit_batches(b: RocksDBBackend, unit: list[Manifest], restore: RestoreStats) -> Iterator[pa.RecordBatch]:
     """The changes of one replayed SST, in key order: one version's segment as it is read, or
     consecutive versions merged."""
     if len(unit) == 1:
@@ -88,7 +88,7 @@ def segment_batches(
     described: str | None = None,
     where: str | None = None,
     *,
-    restore: Restore | None = None,
+    restore: RestoreStats | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The segment `m` holds (a version's changes, or a compact snapshot's state), chunk by chunk; a
     damaged one raises an error naming `described` and `where` it is stored. Where it came from is
@@ -104,7 +104,7 @@ def segment_batches(
         ) from None
 
 
-def apply_segment(b: RocksDBBackend, m: Manifest, described: str, where: str, restore: Restore) -> None:
+def apply_segment(b: RocksDBBackend, m: Manifest, described: str, where: str, restore: RestoreStats) -> None:
     """Ingests the segment `m` holds (a compact snapshot's state) into the local DB as one SST.
     On any failure the local DB is dropped: it matches no version."""
     change_file: Path | None = None
@@ -126,7 +126,7 @@ def _changes_where(m: Manifest) -> str:
     return (m.changes.ref.path if m.changes else "") or m.path
 
 
-def _changes_of(b: RocksDBBackend, m: Manifest, restore: Restore | None = None) -> bytes:
+def _changes_of(b: RocksDBBackend, m: Manifest, restore: RestoreStats | None = None) -> bytes:
     """A segment (a changelog version's changes, or a compact snapshot's state): from inside its
     manifest, from the changes kept on this host (changelog versions; size and checksum checked
     against the manifest), or downloaded and verified. Files are counted in `restore`."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,46 +18,14 @@ from ...errors import CheckpointDamagedError, CheckpointMissingError
 from ...manifest import FileRef, Manifest, snapshot_path
 from ...remote import local_file_in
 from ...transfer import TransferStats, download_all
-from ..context import elapsed_ms
 from .local_db import take_local_file
 from .replay import apply_segment, changes_on_host, replay_chain
+from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
     from . import RocksDBBackend
 
 log = logging.getLogger("pystatestore.rocksdb")
-
-
-@dataclass
-class Restore:
-    """What a restore did: where the state came from and what it cost."""
-
-    metrics: dict[str, int] = field(default_factory=dict)
-    local_files: int = 0
-    local_bytes: int = 0
-    remote: TransferStats = TransferStats(0, 0)
-    replayed: int = 0
-    replayed_bytes: int = 0
-    inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
-    inline_bytes: int = 0  # segments read from inside manifests (which come from the checkpoint)
-    started_from: str = "an empty DB"  # for the log: where the state came from before replay
-
-    def downloaded(self, stats: TransferStats) -> None:
-        self.remote = TransferStats(self.remote.files + stats.files, self.remote.bytes + stats.bytes)
-
-    def cost(self, started: float) -> dict[str, int]:
-        """The restore's metrics, as the service reports them."""
-        return {
-            "restoreLocalFiles": self.local_files,
-            "restoreLocalBytes": self.local_bytes,
-            "restoreRemoteFiles": self.remote.files,
-            "restoreRemoteBytes": self.remote.bytes,
-            "restoreChangelogVersions": self.replayed,
-            "restoreChangelogBytes": self.replayed_bytes,
-            "restoreInlineSnapshots": self.inline_snapshots,
-            "restoreInlineBytes": self.inline_bytes,
-            "restoreMs": elapsed_ms(started),
-        }
 
 
 def ensure_at(
@@ -78,7 +45,7 @@ def ensure_at(
         return target, {}
     started = time.perf_counter()
     replay: list[Manifest] = []
-    restore = Restore()
+    restore = RestoreStats()
     copies: set[tuple[int, str]] = set()  # (version, manifest id) of each local copy
     if b.local_copies is not None:
         if target.checkpoint_id is None:  # under checkpoint ids no attempt supersedes another
@@ -164,7 +131,7 @@ def ensure_at(
     return target, restore.metrics
 
 
-def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, *, own_manifest: bool) -> None:
+def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: RestoreStats, *, own_manifest: bool) -> None:
     """The local DB from `snapshot`: its files, or its whole state as one segment (compact).
     `own_manifest`: the snapshot is its version's manifest, not one maintenance made beside it."""
     restore.started_from = f"snapshot {snapshot.version} ({snapshot.manifest_id})"
@@ -186,7 +153,7 @@ def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, *,
     restore.downloaded(stats)
 
 
-def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Restore, holder: str) -> None:
+def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: RestoreStats, holder: str) -> None:
     """A snapshot that holds the whole state as one segment: an empty DB plus that segment,
     ingested as one SST. `holder` is the manifest file the snapshot was read from."""
     assert snapshot.changes is not None
@@ -209,7 +176,7 @@ def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Res
         restore.inline_snapshots += 1
 
 
-def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], restore: Restore) -> bool:
+def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], restore: RestoreStats) -> bool:
     """The local DB from the verified local copy `copy` of version `m`. False, with nothing left
     behind, when the copy was pruned part way (see `take_local_file`)."""
     db_dir = b.db.fresh_dir(f"db-{m.version}")
