@@ -20,8 +20,10 @@ each changed key existed: the worker never reads keys.
 
 The backend is split by phase, each a module of functions over the backend and its one piece of
 mutable state, the local DB (local_db.py): config.py (confs and RocksDB options), restore.py and
-replay.py (bringing the local DB to a version), reading.py (views, replay from a snapshot, the
-change feed), commit.py, snapshots.py (snapshot manifests, materialization by maintenance).
+replay.py (bringing the local DB to a version; restore_stats.py counts what that read), reading.py
+(views, replay from a snapshot, the change feed), commit.py, snapshots.py (snapshot manifests,
+materialization by maintenance). The phases take the backend as a PhaseBackend (phase_backend.py),
+what they use of it, so they never import this package.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .snapshots import reusable_for, snapshot_of_checkpoint, store_changes, stor
 
 if TYPE_CHECKING:
     from ...manifest import FileRef, Manifest
-    from . import RocksDBBackend
+    from .phase_backend import PhaseBackend
 
 # The commit steps whose times a manifest records (`Manifest.commit_ms`; the report plots them). A
 # durable-first commit records its segment, not the SST and ingest that come after its manifest.
@@ -49,7 +49,7 @@ log = logging.getLogger("pystatestore.commit")
 
 
 def commit_under(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     lease: CommitLease,
     base_version: int,
     changes: frames.Changes,
@@ -138,7 +138,7 @@ def commit_under(
 
 
 def changelog_manifest(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     lease: CommitLease,
     segment: Path,
     rows: int,
@@ -156,7 +156,7 @@ def changelog_manifest(
 
 
 def publish(
-    b: RocksDBBackend, lease: CommitLease, base: Manifest | None, manifest: Manifest, metrics: dict[str, int]
+    b: PhaseBackend, lease: CommitLease, base: Manifest | None, manifest: Manifest, metrics: dict[str, int]
 ) -> bytes:
     """The commit point: `manifest`, with its steps' times, published under the attempt's lease once
     a base the lease pinned is known to be still whole. Returns the body written."""
@@ -172,7 +172,7 @@ def publish(
 
 
 def keep_local_copy(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     version: int,
     manifest: Manifest,
     checkpoint_dir: Path,
@@ -204,7 +204,7 @@ def keep_local_copy(
 
 
 def commit_durable_first(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     lease: CommitLease,
     base_version: int,
     frame: pa.Table,
@@ -253,7 +253,7 @@ def commit_durable_first(
 
 
 def apply_committed(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     manifest: Manifest,
     frame: pa.Table,
     checkpoint_dir: Path,
@@ -302,7 +302,7 @@ def apply_committed(
     return metrics
 
 
-def checked_frame(b: RocksDBBackend, frame: pa.Table, version: int) -> pa.Table:
+def checked_frame(b: PhaseBackend, frame: pa.Table, version: int) -> pa.Table:
     """`frame` if every op is a put or a delete and its keys strictly ascend (what the SST writer
     would otherwise refuse only after the version was published); else StoreConfigError."""
     ops = frame.column("op")
@@ -366,7 +366,7 @@ def small_whole_state(changes: frames.Changes, limit: int) -> tuple[pa.Table | N
 
 
 def commit_compact_snapshot(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     lease: CommitLease,
     version: int,
     state: pa.Table,
@@ -402,7 +402,7 @@ def commit_compact_snapshot(
     return commit_result(manifest, len(body), uploaded, metrics)
 
 
-def check_base_intact(b: RocksDBBackend, base: Manifest) -> None:
+def check_base_intact(b: PhaseBackend, base: Manifest) -> None:
     """Raises CheckpointMissingError unless every file a restore of `base` reads is still there:
     garbage collection that planned before this attempt pinned its base may have removed them, and
     a version published on a removed base could never be loaded."""
@@ -431,7 +431,7 @@ def check_base_intact(b: RocksDBBackend, base: Manifest) -> None:
 LOCAL_COPY_AFTER_ROWS = 100_000
 
 
-def local_copy_due(b: RocksDBBackend, version: int, manifest: Manifest, rows: int) -> bool:
+def local_copy_due(b: PhaseBackend, version: int, manifest: Manifest, rows: int) -> bool:
     """Snapshot commits keep a copy of every version (an older copy cannot be brought forward);
     changelog commits every `localRecoveryInterval` versions, when the restore from it replays the
     versions in between, or sooner when those versions' `rows` (this commit's included) would make
@@ -443,7 +443,7 @@ def local_copy_due(b: RocksDBBackend, version: int, manifest: Manifest, rows: in
     return (version + b.ctx.partition_id) % b.config.local_copy_interval == 0
 
 
-def missing_key_count(b: RocksDBBackend, version: int) -> StoreConfigError:
+def missing_key_count(b: PhaseBackend, version: int) -> StoreConfigError:
     return StoreConfigError(
         "a rocksdb commit needs the new version's key count from the JVM",
         store=b.ctx.store_dir,

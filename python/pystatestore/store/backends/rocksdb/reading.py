@@ -29,17 +29,17 @@ from .restore import ensure_at, restore_snapshot
 from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
-    from . import RocksDBBackend
+    from .phase_backend import PhaseBackend
 
 
-def load(b: RocksDBBackend, version: int, view_dir: str | None, checkpoint_id: str | None = None) -> LoadResult:
+def load(b: PhaseBackend, version: int, view_dir: str | None, checkpoint_id: str | None = None) -> LoadResult:
     """See RocksDBBackend.load."""
     target = view_target(b, view_dir, version) if view_dir is not None else None
     _, cost = ensure_at(b, version, checkpoint_id)
     return leave_view(b, target, cost)
 
 
-def view_after_commit(b: RocksDBBackend, version: int, manifest_id: str, view_dir: str) -> LoadResult:
+def view_after_commit(b: PhaseBackend, version: int, manifest_id: str, view_dir: str) -> LoadResult:
     """The read view a durable-first commit's apply did not leave (it failed, or its worker died):
     `version`, the attempt `manifest_id` this JVM committed, loaded at `view_dir` in place of what a
     failed apply left there. Refused when another attempt has since replaced that version."""
@@ -62,7 +62,7 @@ def view_after_commit(b: RocksDBBackend, version: int, manifest_id: str, view_di
     return leave_view(b, target, cost)
 
 
-def leave_view(b: RocksDBBackend, target: Path | None, cost: dict[str, int]) -> LoadResult:
+def leave_view(b: PhaseBackend, target: Path | None, cost: dict[str, int]) -> LoadResult:
     """A checkpoint of the local DB at `target` (when given) and what the load cost and came from."""
     if target is not None:
         t = time.perf_counter()
@@ -88,7 +88,7 @@ def leave_view(b: RocksDBBackend, target: Path | None, cost: dict[str, int]) -> 
 
 
 def replay_from_snapshot(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     snapshot_version: int,
     end_version: int,
     view_dir: str | None,
@@ -135,7 +135,7 @@ def replay_from_snapshot(
     return leave_view(b, target, restore.cost(started))
 
 
-def snapshot_versions(b: RocksDBBackend) -> list[int]:
+def snapshot_versions(b: PhaseBackend) -> list[int]:
     """Versions that have a snapshot (their own manifest, or one maintenance made)."""
     found = set()
     for f in b.remote.list_files(MANIFEST_DIR):
@@ -154,7 +154,7 @@ def snapshot_versions(b: RocksDBBackend) -> list[int]:
 
 
 def changes(
-    b: RocksDBBackend, start_version: int, end_version: int, end_id: str | None = None
+    b: PhaseBackend, start_version: int, end_version: int, end_id: str | None = None
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The change feed: each version's changes (op, key, value), start to end inclusive. With
     `end_id` (checkpoint format v2) the versions are those attempt `end_id` of `end_version` was
@@ -178,7 +178,7 @@ def changes(
         yield from ((v, batch) for batch in segment_batches(b, m))
 
 
-def view_target(b: RocksDBBackend, view_dir: str | None, version: int) -> Path:
+def view_target(b: PhaseBackend, view_dir: str | None, version: int) -> Path:
     """`view_dir`, checked to be a new directory directly inside the JVM's views directory: the
     worker writes nowhere else on the JVM's behalf."""
     if not view_dir or not b.ctx.views_dir:

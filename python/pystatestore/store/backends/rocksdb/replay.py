@@ -20,7 +20,7 @@ from .config import APPLY_CHUNK_ROWS
 from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
-    from . import RocksDBBackend
+    from .phase_backend import PhaseBackend
 
 # Replay merges consecutive versions' changes into one SST while their segments add up to this:
 # merging holds the versions whole, about 12 bytes of memory per byte of segment.
@@ -29,7 +29,7 @@ REPLAY_MERGE_BYTES = 256 << 10
 REPLAY_INGEST_FILES = 8
 
 
-def replay_chain(b: RocksDBBackend, chain: list[Manifest], restore: RestoreStats) -> None:
+def replay_chain(b: PhaseBackend, chain: list[Manifest], restore: RestoreStats) -> None:
     """Applies the changes of `chain` (oldest first) to the local DB, which holds the version before
     the first. An ingest costs its fsyncs whatever its size, and a restart restores every partition,
     so replayed versions are ingested together: up to REPLAY_INGEST_FILES SSTs in one call (where
@@ -52,7 +52,7 @@ def replay_chain(b: RocksDBBackend, chain: list[Manifest], restore: RestoreStats
         _replay_units(b, units[first : first + REPLAY_INGEST_FILES], restore)
 
 
-def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: RestoreStats) -> None:
+def _replay_units(b: PhaseBackend, units: list[list[Manifest]], restore: RestoreStats) -> None:
     files: list[Path] = []
     try:
         for unit in units:
@@ -73,7 +73,7 @@ def _replay_units(b: RocksDBBackend, units: list[list[Manifest]], restore: Resto
         restore.replayed_bytes += sum(m.changes.ref.size for m in unit if m.changes)
 
 
-def _unit_batches(b: RocksDBBackend, unit: list[Manifest], restore: RestoreStats) -> Iterator[pa.RecordBatch]:
+def _unit_batches(b: PhaseBackend, unit: list[Manifest], restore: RestoreStats) -> Iterator[pa.RecordBatch]:
     """The changes of one replayed SST, in key order: one version's segment as it is read, or
     consecutive versions merged."""
     if len(unit) == 1:
@@ -83,7 +83,7 @@ def _unit_batches(b: RocksDBBackend, unit: list[Manifest], restore: RestoreStats
 
 
 def segment_batches(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     m: Manifest,
     described: str | None = None,
     where: str | None = None,
@@ -104,7 +104,7 @@ def segment_batches(
         ) from None
 
 
-def apply_segment(b: RocksDBBackend, m: Manifest, described: str, where: str, restore: RestoreStats) -> None:
+def apply_segment(b: PhaseBackend, m: Manifest, described: str, where: str, restore: RestoreStats) -> None:
     """Ingests the segment `m` holds (a compact snapshot's state) into the local DB as one SST.
     On any failure the local DB is dropped: it matches no version."""
     change_file: Path | None = None
@@ -126,7 +126,7 @@ def _changes_where(m: Manifest) -> str:
     return (m.changes.ref.path if m.changes else "") or m.path
 
 
-def _changes_of(b: RocksDBBackend, m: Manifest, restore: RestoreStats | None = None) -> bytes:
+def _changes_of(b: PhaseBackend, m: Manifest, restore: RestoreStats | None = None) -> bytes:
     """A segment (a changelog version's changes, or a compact snapshot's state): from inside its
     manifest, from the changes kept on this host (changelog versions; size and checksum checked
     against the manifest), or downloaded and verified. Files are counted in `restore`."""
@@ -153,7 +153,7 @@ def _changes_of(b: RocksDBBackend, m: Manifest, restore: RestoreStats | None = N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def changes_on_host(b: RocksDBBackend, m: Manifest) -> bool:
+def changes_on_host(b: PhaseBackend, m: Manifest) -> bool:
     """Whether replaying changelog version `m` needs nothing from the checkpoint: its changes are
     inside its manifest, or kept on this host."""
     if m.changes is None:

@@ -23,13 +23,13 @@ from .replay import apply_segment, changes_on_host, replay_chain
 from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
-    from . import RocksDBBackend
+    from .phase_backend import PhaseBackend
 
 log = logging.getLogger("pystatestore.rocksdb")
 
 
 def ensure_at(
-    b: RocksDBBackend, version: int, checkpoint_id: str | None = None
+    b: PhaseBackend, version: int, checkpoint_id: str | None = None
 ) -> tuple[Manifest | None, dict[str, int]]:
     """Makes the local DB hold exactly `version`; returns its manifest and what it cost. A snapshot
     that is only in the checkpoint is passed over for an older local copy when every version in
@@ -131,7 +131,7 @@ def ensure_at(
     return target, restore.metrics
 
 
-def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: RestoreStats, *, own_manifest: bool) -> None:
+def restore_snapshot(b: PhaseBackend, snapshot: Manifest, restore: RestoreStats, *, own_manifest: bool) -> None:
     """The local DB from `snapshot`: its files, or its whole state as one segment (compact).
     `own_manifest`: the snapshot is its version's manifest, not one maintenance made beside it."""
     restore.started_from = f"snapshot {snapshot.version} ({snapshot.manifest_id})"
@@ -153,7 +153,7 @@ def restore_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: RestoreStat
     restore.downloaded(stats)
 
 
-def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: RestoreStats, holder: str) -> None:
+def restore_compact_snapshot(b: PhaseBackend, snapshot: Manifest, restore: RestoreStats, holder: str) -> None:
     """A snapshot that holds the whole state as one segment: an empty DB plus that segment,
     ingested as one SST. `holder` is the manifest file the snapshot was read from."""
     assert snapshot.changes is not None
@@ -176,7 +176,7 @@ def restore_compact_snapshot(b: RocksDBBackend, snapshot: Manifest, restore: Res
         restore.inline_snapshots += 1
 
 
-def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], restore: RestoreStats) -> bool:
+def restore_from_copy(b: PhaseBackend, m: Manifest, copy: dict[str, Path], restore: RestoreStats) -> bool:
     """The local DB from the verified local copy `copy` of version `m`. False, with nothing left
     behind, when the copy was pruned part way (see `take_local_file`)."""
     db_dir = b.db.fresh_dir(f"db-{m.version}")
@@ -227,7 +227,7 @@ def restore_from_copy(b: RocksDBBackend, m: Manifest, copy: dict[str, Path], res
     return True
 
 
-def restore_files(b: RocksDBBackend, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
+def restore_files(b: PhaseBackend, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
     """Puts every file of snapshot `manifest` into `db_dir`: stored inside the manifest, from local
     copies when they match, else downloaded. Every logical name is checked to be a plain file name
     before it is used."""

@@ -33,7 +33,7 @@ from ..context import elapsed_ms
 from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
 
 if TYPE_CHECKING:
-    from . import RocksDBBackend
+    from .phase_backend import PhaseBackend
 
 log = logging.getLogger("pystatestore.rocksdb")
 
@@ -51,7 +51,7 @@ class Materialization:
     metrics: dict[str, int] = field(default_factory=dict)
 
 
-def reusable_for(b: RocksDBBackend, base: Manifest | None) -> Manifest | None:
+def reusable_for(b: PhaseBackend, base: Manifest | None) -> Manifest | None:
     """The snapshot whose files a new snapshot on `base` may reuse: the local DB's ancestor, if it
     is the snapshot `base`'s chain starts from (garbage collection keeps that one)."""
     ancestor = b.db.ancestor
@@ -70,7 +70,7 @@ def reusable_for(b: RocksDBBackend, base: Manifest | None) -> Manifest | None:
 
 
 def snapshot_of_checkpoint(
-    b: RocksDBBackend,
+    b: PhaseBackend,
     checkpoint_dir: Path,
     version: int,
     num_keys: int,
@@ -143,7 +143,7 @@ def snapshot_of_checkpoint(
 
 
 def compact_snapshot_of(
-    b: RocksDBBackend, checkpoint_dir: Path, m: Manifest, token: str
+    b: PhaseBackend, checkpoint_dir: Path, m: Manifest, token: str
 ) -> tuple[Manifest, list[FileRef]]:
     """A snapshot of a small store as one segment of its whole state (every pair, as puts), stored
     inline or under changelog/: a few bytes a row, where a RocksDB checkpoint costs its SSTs' index
@@ -167,7 +167,7 @@ def compact_snapshot_of(
 
 
 def store_state(
-    b: RocksDBBackend, batches: Iterable[pa.RecordBatch], version: int, token: str
+    b: PhaseBackend, batches: Iterable[pa.RecordBatch], version: int, token: str
 ) -> tuple[ChangesRef, list[FileRef]]:
     """A whole state (its pairs as puts, in key order) as one segment of a compact snapshot: inside
     the manifest up to COMPACT_SNAPSHOT_INLINE_BYTES, else under changelog/."""
@@ -181,7 +181,7 @@ def store_state(
 
 
 def store_changes(
-    b: RocksDBBackend, segment: Path, rows: int, version: int, token: str, inline_limit: int
+    b: PhaseBackend, segment: Path, rows: int, version: int, token: str, inline_limit: int
 ) -> tuple[ChangesRef, list[FileRef]]:
     """A segment (a version's changes, or a compact snapshot's state) inside the manifest when at most
     `inline_limit` bytes, else uploaded under changelog/."""
@@ -193,7 +193,7 @@ def store_changes(
     return ChangesRef(rows, ref), [ref]
 
 
-def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materialization | None:
+def prepare_materialization(b: PhaseBackend, force: bool = False) -> Materialization | None:
     """Under the store's lock: if the newest version is a changelog version the local DB holds and
     the chain since the last snapshot is long (minDeltasForSnapshot) or large, or it has no snapshot
     and `force` asks for one, a checkpoint of it (hard links) to make its snapshot from. Nothing is
@@ -244,7 +244,7 @@ def prepare_materialization(b: RocksDBBackend, force: bool = False) -> Materiali
     return Materialization(m, checkpoint_dir, reuse_from, db.dir)
 
 
-def finish_materialization(b: RocksDBBackend, job: Materialization) -> None:
+def finish_materialization(b: PhaseBackend, job: Materialization) -> None:
     """Without the store's lock: uploads the snapshot and publishes snapshots/<v>-<id>.json."""
     t = time.perf_counter()
     try:
@@ -272,7 +272,7 @@ def finish_materialization(b: RocksDBBackend, job: Materialization) -> None:
         shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
 
 
-def complete_materialization(b: RocksDBBackend, job: Materialization) -> None:
+def complete_materialization(b: PhaseBackend, job: Materialization) -> None:
     """Under the store's lock again: the new snapshot becomes the local DB's ancestor if the DB is
     the one it was made from (its files are still there under the same names)."""
     if job.snapshot is not None and b.db.dir == job.db_dir:
@@ -280,14 +280,14 @@ def complete_materialization(b: RocksDBBackend, job: Materialization) -> None:
         b.db.snapshot_at = max(b.db.snapshot_at or 0, job.snapshot.version)
 
 
-def snapshot_due(b: RocksDBBackend) -> bool:
+def snapshot_due(b: PhaseBackend) -> bool:
     """Whether the local DB's version (just committed) ends a chain of minDeltasForSnapshot changelog
     versions since the last snapshot, or of a length not known here (after a restore from a
     changelog version's local copy): then maintenance should look now."""
     return snapshot_due_at(b, b.db.version)
 
 
-def snapshot_due_at(b: RocksDBBackend, version: int | None) -> bool:
+def snapshot_due_at(b: PhaseBackend, version: int | None) -> bool:
     """`snapshot_due` of `version`, committed on the local DB's chain (a durable-first commit is
     due before its apply has brought the local DB to it)."""
     db = b.db
