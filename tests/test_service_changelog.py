@@ -148,7 +148,7 @@ def test_a_snapshot_found_not_due_is_made_once_later_commits_make_it_due(tmp_pat
 def test_a_cleanup_with_nothing_new_waits_at_most_the_recheck_interval(tmp_path: Path) -> None:
     """Periodic cleanups with no commit or snapshot since the last one are skipped for
     CLEANUP_RECHECK_SECONDS; one after a commit, or after that long, runs and deletes."""
-    from pystatestore.worker.service import CLEANUP_RECHECK_SECONDS
+    from pystatestore.worker.open_store import CLEANUP_RECHECK_SECONDS
 
     service = StoreService()
     handle = open_store(service, tmp_path)

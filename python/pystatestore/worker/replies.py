@@ -1,0 +1,76 @@
+"""The JSON replies the JVM gets: every call's, a failure included (so the JVM can tell "the worker
+said no" from "the worker died"), and what a version made readable reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ..store.backends import LoadResult
+from ..store.backends.context import elapsed_ms
+from ..store.errors import StateStoreError
+from .memory_use import worker_rss_bytes
+
+log = logging.getLogger("pystatestore.service")
+
+
+def reply(fn: Callable[[], dict[str, Any]]) -> str:
+    """`fn`'s result as JSON, or the failure it raised as {"error": {"type", "message"}}."""
+    try:
+        return json.dumps(fn())
+    except StateStoreError as e:
+        log.warning("%s", e)
+        return json.dumps({"error": {"type": type(e).__name__, "message": str(e)}})
+    except Exception as e:  # noqa: BLE001 - every failure must reach the JVM as a reply
+        log.error("unexpected failure\n%s", traceback.format_exc())
+        return json.dumps(
+            {
+                "error": {
+                    "type": type(e).__name__,
+                    "message": f"pystatestore worker error: {type(e).__name__}: {e} (see the worker log)",
+                }
+            }
+        )
+
+
+def load_reply(result: LoadResult, started: float) -> dict[str, Any]:
+    """What the JVM hears of a version made readable (load, replay)."""
+    return {
+        "workerRssBytes": worker_rss_bytes(),
+        "manifestId": result.manifest_id,
+        "numKeys": result.num_keys,
+        "numInternalKeys": result.num_internal_keys,
+        "bytes": result.bytes_read,
+        "source": result.source,
+        "loadMs": elapsed_ms(started),
+        **result.metrics,
+    }
+
+
+def log_restore(handle: str, version: int, result: LoadResult) -> None:
+    """One executor-log line per version rebuilt (not one already in memory): where its files came
+    from is what tells a user whether local recovery works for them."""
+    if result.source == "memory":
+        return
+    m = result.metrics
+    if "restoreMs" not in m:  # a backend without per-source figures
+        log.info(
+            "store %s: restored version %d from %s (%d bytes read)", handle, version, result.source, result.bytes_read
+        )
+        return
+    log.info(
+        "store %s: restored version %d from %s in %d ms: %d files (%d bytes) from the local copy, "
+        "%d files (%d bytes) from the checkpoint, changes of %d versions replayed",
+        handle,
+        version,
+        result.source,
+        m["restoreMs"],
+        m.get("restoreLocalFiles", 0),
+        m.get("restoreLocalBytes", 0),
+        m.get("restoreRemoteFiles", 0),
+        m.get("restoreRemoteBytes", 0),
+        m.get("restoreChangelogVersions", 0),
+    )
