@@ -124,17 +124,18 @@ def _verify_store(
             m = reader.manifest(v)
             cache[m.path] = m
             needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
+            chain = _restore_chain(reader, m, snapshots, cache)
         except StateStoreError as e:
             report.problems.append(_problem_of(e))
             continue
-        chain = list(reader.backend.chain_back(m, cache))
         refs = {r.path: r for c in chain for r in c.files()}
         # (path of the manifest or snapshot, the manifest) whose data stored inside gets checked
         holders = [(c.path, c) for c in chain]
-        snap = snapshots.get((m.version, m.manifest_id)) if m.is_changelog else None
+        start = chain[-1]  # where the restore starts: its own snapshot, or one maintenance made
+        snap = snapshots.get((start.version, start.manifest_id)) if start.is_changelog else None
         if snap is not None:
             try:
-                made = reader.backend.read_snapshot(m.version, m.manifest_id)
+                made = reader.backend.read_snapshot(start.version, start.manifest_id)
             except StateStoreError as e:
                 report.problems.append(_problem_of(e))
                 made = None
@@ -193,6 +194,20 @@ def _verify_store(
             continue
         target = report.young_unreferenced if f.mtime is None or now - f.mtime <= grace else report.unreferenced
         target.append(join_uri(remote.uri, path))
+
+
+def _restore_chain(
+    reader: StoreReader, m: Manifest, snapshots: dict[tuple[int, str], Any], cache: dict[str, Manifest]
+) -> list[Manifest]:
+    """The manifests a restore of `m` reads: back to a snapshot manifest, or to the first version
+    that has a snapshot maintenance made (garbage collection may have removed the manifests before
+    it, which no restore reads any more)."""
+    chain = []
+    for c in reader.backend.chain_back(m, cache):
+        chain.append(c)
+        if c.is_changelog and (c.version, c.manifest_id) in snapshots:
+            break
+    return chain
 
 
 def _check_inline(store: str, holder: str, m: Manifest, report: VerifyReport) -> None:
