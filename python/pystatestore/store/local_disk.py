@@ -74,7 +74,7 @@ class LocalDisk:
         created = []
         for d in reversed(missing):
             try:
-                os.mkdir(d, mode)
+                self.mkdir(d, mode)
             except FileExistsError:
                 continue  # made meanwhile by another writer, who makes it durable
             self.sync_dir(os.path.dirname(d), point)
@@ -83,7 +83,7 @@ class LocalDisk:
 
     def replace(self, src: str, dst: str, point: str) -> None:
         """rename(2) of `src` over `dst`, atomic; durable once this returns."""
-        os.replace(src, dst)
+        self.rename(src, dst)
         self.sync_dir(os.path.dirname(dst), point)
         if os.path.dirname(src) != os.path.dirname(dst):
             self.sync_dir(os.path.dirname(src), point)
@@ -93,7 +93,7 @@ class LocalDisk:
         os.replace(src, dst)
 
     def link(self, src: str, dst: str) -> None:
-        """A hard link; the caller syncs `dst`'s directory once its links are made."""
+        """A hard link, unsynced (`sync_dir` its directory to make it durable)."""
         os.link(src, dst)
 
     def unlink(self, path: str) -> None:

@@ -248,6 +248,12 @@ class RemoteStore:
         if self.is_local:
             local_disk.DISK.sync_file(out, durability_point(rel, "data"))  # type: ignore[arg-type]
 
+    def sync_removals(self, rels: Iterable[str]) -> None:
+        """Makes the removal of `rels` durable (local disks: their directories fsynced, each once)."""
+        if self.is_local:
+            for directory in sorted({posixpath.dirname(self._abs(rel)) for rel in rels}):
+                local_disk.DISK.sync_dir(directory, "removals:name")
+
     def sync_names(self, rels: Iterable[str]) -> None:
         """Makes the names of files written through `open_output` durable: their directories,
         each once, are fsynced (local disks; elsewhere a closed stream is already final)."""

@@ -91,9 +91,17 @@ def delete(remote: RemoteStore, planned: RetentionPlan, fault_point: Callable[[s
     """Deletes what `planned` names; returns how many attempt directories it removed. Manifests go
     first, so a crash part-way leaves only unreferenced files, which the next run (recomputing the
     same plan) removes."""
-    # Snapshot manifests go before the files they name, like version manifests.
-    files = sorted(planned.delete_files, key=lambda rel: not rel.startswith(SNAPSHOT_DIR + "/"))
-    for rel in [*planned.delete_manifests, *files]:
+    # Snapshot manifests go before the files they name, like version manifests; and their removal
+    # is made durable before any file goes, or a power cut could bring a manifest back whose files
+    # were gone for good (removals reach a local disk in any order until their directory is synced).
+    manifests = [*planned.delete_manifests, *(r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/"))]
+    files = [r for r in planned.delete_files if not r.startswith(SNAPSHOT_DIR + "/")]
+    for rel in manifests:
+        remote.delete(rel)
+        fault_point("gc:deleted")
+    if manifests and files:
+        remote.sync_removals(manifests)
+    for rel in files:
         remote.delete(rel)
         fault_point("gc:deleted")
     return sum(remote.remove_dir_if_empty(d) for d in planned.delete_dirs)
