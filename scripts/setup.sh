@@ -26,20 +26,26 @@ fi
 echo "setup: the supported Spark minors' pyspark (cached per machine)"
 .venv/bin/python scripts/build_jar.py --provision > /dev/null
 
-minor=$(.venv/bin/python -c "import pyspark; print('.'.join(pyspark.__version__.split('.')[:2]))")
-jar=jvm-shim/build/libs/pystatestore-shim-spark$minor.jar
-echo "setup: building the shim jar for Spark $minor with gradle (offline)"
-# A failed build must fail setup: never run the tests against a jar left over from an earlier build.
-rm -f "$jar"
+# gradle builds the shim of every supported minor (about 25 s each) against the jars the wheel's are
+# compiled against (that minor's pyspark in the cache): tests/test_packaging.py checks, on each
+# minor, that both hold the same classes.
 mkdir -p .gradle
-# --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
-# and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
-if ! gradle --offline --no-daemon -q jar > .gradle/build.log 2>&1; then
-  grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
-  echo "setup: gradle failed to build the shim jar (log above)" >&2
-  exit 1
-fi
-test -f "$jar"
+minors=$(.venv/bin/python -c "import sys; sys.path.insert(0, 'python'); from pystatestore.spark_minors import BUILT_AGAINST; print(' '.join(BUILT_AGAINST))")
+for minor in $minors; do
+  jar=jvm-shim/build/libs/pystatestore-shim-spark$minor.jar
+  echo "setup: building the shim jar for Spark $minor with gradle (offline)"
+  # A failed build must fail setup: never run the tests against a jar left over from an earlier build.
+  rm -f "$jar"
+  jars=$(.venv/bin/python scripts/build_jar.py --pyspark-path "$minor")/pyspark/jars
+  # --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
+  # and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
+  if ! gradle --offline --no-daemon -q jar -PsparkJars="$jars" > .gradle/build.log 2>&1; then
+    grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
+    echo "setup: gradle failed to build the shim jar for Spark $minor (log above)" >&2
+    exit 1
+  fi
+  test -f "$jar"
+done
 
 echo "setup: pip install . (wheel with a jar per Spark minor inside)"
 # setuptools builds in build/ and never removes what it copied there before: a module moved or
