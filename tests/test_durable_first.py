@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from backend_support import changes, hold_at, make_backend, read_view
 from pystatestore.store import frames
+from pystatestore.worker.open_store import OpenStore
 from pystatestore.worker.service import StoreService
 
 
@@ -200,3 +204,79 @@ def test_durable_first_can_be_turned_off(tmp_path: Path) -> None:
     service2 = StoreService()
     with pytest.raises(AssertionError, match="durableFirstCommit"):
         open_store(service2, tmp_path, instance="i3", durableFirstCommit="maybe")
+
+
+# -- who starts the work a commit leaves, and the after-reply thread (issue 66, item 3) ---------------
+
+
+def pause_after_leaving_work(store: OpenStore) -> tuple[threading.Event, threading.Event]:
+    """Stops the next call that leaves after-reply work on `store` right after it left it, still
+    inside its locked block, until `go` is set (at most 30 s). Returns (left, go)."""
+    left, go = threading.Event(), threading.Event()
+    leave = store.run_after_reply
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        del store.run_after_reply  # once: the class's method again
+        result = leave(*args, **kwargs)
+        left.set()
+        go.wait(30)
+        return result
+
+    store.run_after_reply = paused  # type: ignore[method-assign]
+    return left, go
+
+
+def wait_until(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("failing", ["open_changes", "lock_wait"])
+def test_a_call_that_never_held_the_store_starts_no_work(tmp_path: Path, failing: str) -> None:
+    """A commit that fails before it holds the store's lock (its frame cannot be opened; its wait
+    for the lock times out) while another commit holds it, its work left but not yet started, must
+    start nothing: it started that work early, the holder then released the lock a first time and
+    the work a second time, which raised on the after-reply thread and ended it, so every later
+    durable-first commit of the worker kept its store's lock until calls timed out."""
+    service = StoreService()
+    handle = open_store(service, tmp_path, callTimeoutMs="1000")  # a call waits 1 s for its store
+    store = service._stores[handle]
+    backend = store.backend
+    applying, apply_go = hold_at(backend, "apply:written")
+    left, go = pause_after_leaving_work(store)
+    replies: list[dict] = []
+    committer = threading.Thread(
+        target=lambda: replies.append(commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1))
+    )
+    committer.start()
+    assert left.wait(30), "the first commit left no work"
+    if failing == "open_changes":
+        missing = str(tmp_path / "missing.arrow")
+        other = json.loads(service.commit(handle, 1, "", missing, "b", 1, 0, str(view_path(tmp_path, 2, "b"))))
+    else:  # waits for the lock the paused commit holds, in vain
+        other = commit(service, handle, tmp_path, 2, changes({b"b": b"2"}), 2)
+        assert "waited too long" in other["error"]["message"], other
+    assert "error" in other, other
+    go.set()
+    committer.join(30)
+    assert replies and "error" not in replies[0], replies
+    assert applying.wait(30), "the first commit's apply never ran"
+    held_while_applying = store.lock.locked()
+    apply_go.set()
+    view_1 = str(view_path(tmp_path, 1))
+    wait_until(lambda: view_1 in store.applied.views, "the first commit's apply")
+    backend.fault_hook = None
+    assert await_view(service, handle, tmp_path, 1)["viewLeftByApply"] is True
+    # The worker goes on: the next durable-first commits' applies run and leave their views. (Two:
+    # a lock released once too often shows in the first at the latest, a thread it ended in the second.)
+    for version in (2, 3):
+        reply = commit(service, handle, tmp_path, version, changes({b"k%d" % version: b"v"}), version)
+        assert "error" not in reply and reply["viewPending"] is True, reply
+        answer = await_view(service, handle, tmp_path, version)
+        assert "error" not in answer, answer
+        assert answer["viewLeftByApply"] is True
+    assert read_view(view_path(tmp_path, 3)) == {b"a": b"1", b"k2": b"v", b"k3": b"v"}
+    # Before any of that, the first commit's apply ran with the store free for any call.
+    assert held_while_applying, "the store's lock was let go while the first commit's apply ran"

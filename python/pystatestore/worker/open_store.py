@@ -107,13 +107,14 @@ class OpenStore:
 
     def run_after_reply(self, what: str, work: Callable[[], None]) -> None:
         """Inside `locked`: the lock stays held when the call leaves the block, and `work` runs on
-        the worker's after-reply thread once `start_after_reply` is called (when the reply is ready,
-        so the two do not contend for the GIL before it is sent); the store's next call waits."""
+        the worker's after-reply thread once the call calls `start_after_reply` (when its reply is
+        ready, so the two do not contend for the GIL before it is sent); the store's next call waits."""
         self.work_left.leave(what, work)
 
     def start_after_reply(self) -> None:
-        """Starts the work a call left under the lock (none: nothing to do). Call exactly once after
-        every call that may have left some, whatever its outcome."""
+        """Starts the work the calling call left under the lock; the lock is released when it ends.
+        Only that call may start it (it holds the lock for the work), once, whatever its outcome: a
+        call that never held the lock would start another's work, which then released it twice."""
         self.work_left.start(self._release)
 
     def _release(self) -> None:

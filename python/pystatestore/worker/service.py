@@ -109,12 +109,11 @@ class StoreService:
         4.2's forceSnapshotOnCommit) it also has a snapshot before the call returns; with
         `empty_base` (Spark's loadEmpty) the frame is the whole new state."""
 
-        called: list[OpenStore] = []  # the store, once found: what the commit left starts after the reply
+        left_work: list[OpenStore] = []  # the store, once this call left work under its lock
 
         def run() -> dict[str, Any]:
             started = time.perf_counter()
             store = self._store(handle)
-            called.append(store)
             version = int(base_version) + 1
             with (
                 frames.open_changes(changes_path) as changes,
@@ -138,6 +137,7 @@ class StoreService:
                         f"applying version {version} after its commit",
                         apply_after_reply(store.applied, handle, version, view_dir, result.finish),
                     )
+                    left_work.append(store)  # this call holds the lock for it: it starts it, no other
             snapshot = self._snapshot(store, handle, force=True) if force_snapshot else {}
             # The chain since the last snapshot is minDeltasForSnapshot long: the JVM asks for the
             # snapshot at once (off the commit path) rather than at Spark's next maintenance, which
@@ -169,7 +169,7 @@ class StoreService:
         try:
             return reply(run)
         finally:
-            for store in called:
+            for store in left_work:
                 store.start_after_reply()
 
     def awaitView(self, handle: str, version: int, manifest_id: str, view_dir: str) -> str:  # noqa: N802
