@@ -19,6 +19,7 @@ import pytest
 
 from backend_support import changes, hold_at, make_backend, read_view
 from pystatestore.store import frames
+from pystatestore.worker.after_reply import AfterReplyThread
 from pystatestore.worker.open_store import OpenStore
 from pystatestore.worker.service import StoreService
 
@@ -280,3 +281,49 @@ def test_a_call_that_never_held_the_store_starts_no_work(tmp_path: Path, failing
     assert read_view(view_path(tmp_path, 3)) == {b"a": b"1", b"k2": b"v", b"k3": b"v"}
     # Before any of that, the first commit's apply ran with the store free for any call.
     assert held_while_applying, "the store's lock was let go while the first commit's apply ran"
+
+
+class AbandonedError(BaseException):
+    """Not an Exception: what no `except Exception` of the work itself catches."""
+
+
+def test_the_after_reply_thread_outlives_a_failed_apply(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An apply that raises what its own handling does not catch is logged with its store, releases
+    the store and counts as failed (awaitView loads the version, the next commit reports the
+    failure); the after-reply thread goes on with the next work."""
+    service = StoreService()
+    handle = open_store(service, tmp_path, callTimeoutMs="1000")
+    backend = service._stores[handle].backend
+
+    def abandon(at: str) -> None:
+        if at == "apply:ingested":
+            raise AbandonedError
+
+    backend.fault_hook = abandon
+    assert "error" not in commit(service, handle, tmp_path, 1, changes({b"a": b"1"}), 1)
+    answer = await_view(service, handle, tmp_path, 1)
+    backend.fault_hook = None
+    assert "error" not in answer, answer
+    assert answer["viewLeftByApply"] is False
+    assert f"store {backend.ctx.store_dir}: unexpected failure applying version 1 after its commit" in caplog.text
+    assert read_view(view_path(tmp_path, 1)) == {b"a": b"1"}
+    reply = commit(service, handle, tmp_path, 2, changes({b"b": b"2"}), 2)
+    assert "error" not in reply, reply
+    answer = await_view(service, handle, tmp_path, 2)
+    assert "error" not in answer, answer
+    assert answer["viewLeftByApply"] is True
+    assert reply["applyFailures"] == 1, reply
+    assert read_view(view_path(tmp_path, 2)) == {b"a": b"1", b"b": b"2"}
+
+
+def test_the_after_reply_thread_outlives_any_work() -> None:
+    """Whatever one piece of work raises (a release included), the thread runs the next."""
+    thread = AfterReplyThread()
+    ran = threading.Event()
+
+    def fail() -> None:
+        raise AbandonedError
+
+    thread.submit(fail)
+    thread.submit(ran.set)
+    assert ran.wait(30), "the work after a failed one never ran"

@@ -3,9 +3,10 @@ durable-first commit replies once its version is durable, and applying it to the
 leaves the JVM's read view) runs afterwards, on one `after-reply` thread per worker.
 
 A call leaves the work in its store's WorkLeft while it holds the lock (OpenStore.run_after_reply);
-once its reply is built the work starts (OpenStore.start_after_reply) and the lock is released when
-it ends. What each apply came to is kept in the store's AppliedOutcomes: `awaitView` asks whether
-a view was left, the next commit's reply carries the metrics.
+once its reply is built that call, and no other, starts the work (OpenStore.start_after_reply), and
+the lock is released when the work ends, however it ends. What each apply came to is kept in the
+store's AppliedOutcomes: `awaitView` asks whether a view was left, the next commit's reply carries
+the metrics.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ class AfterReplyThread:
 
     def _run(self) -> None:
         while True:
-            self._jobs.get()()  # each job logs its own failures and releases its store
+            job = self._jobs.get()
+            try:
+                job()  # logs its own failures and releases its store
+            except BaseException:  # noqa: BLE001 - every later job of the worker waits on this thread
+                log.error("unexpected failure on the after-reply thread\n%s", traceback.format_exc())
 
 
 _after_reply = AfterReplyThread()
@@ -73,19 +78,19 @@ class WorkLeft:
     def clear(self) -> None:
         self._left = None
 
-    def start(self, release: Callable[[], None]) -> None:
+    def start(self, store: str, release: Callable[[], None]) -> None:
         """Runs the work left (none: nothing to do) on the after-reply thread, then `release`s the store."""
         left, self._left = self._left, None
         if left is not None:
-            work = left[1]
-            _after_reply.submit(lambda: _run_then_release(work, release))
+            what, work = left
+            _after_reply.submit(lambda: _run_then_release(store, what, work, release))
 
 
-def _run_then_release(work: Callable[[], None], release: Callable[[], None]) -> None:
+def _run_then_release(store: str, what: str, work: Callable[[], None], release: Callable[[], None]) -> None:
     try:
         work()
-    except Exception:  # noqa: BLE001 - the work records its own outcome; never leave the lock held
-        log.error("unexpected failure after a reply\n%s", traceback.format_exc())
+    except BaseException:  # noqa: BLE001 - the work records its own outcome; never leave the lock held
+        log.error("store %s: unexpected failure %s\n%s", store, what, traceback.format_exc())
     finally:
         release()
 
@@ -109,6 +114,7 @@ def apply_after_reply(
     def apply() -> None:
         started = time.perf_counter()
         ok = False
+        metrics = {"applyFailures": 1}
         try:
             metrics = finish()
             ok = True
@@ -120,12 +126,12 @@ def apply_after_reply(
                 version,
                 e,
             )
-            metrics = {"applyFailures": 1}
-        # A view, once made, is whole (the JVM may already read it) even if the apply failed after it.
-        outcomes.views[view_dir] = ok or os.path.isdir(view_dir)
-        while len(outcomes.views) > APPLIED_VIEWS_KEPT:
-            outcomes.views.popitem(last=False)
-        outcomes.metrics = {**metrics, "deferredApplyMs": elapsed_ms(started)}
+        finally:  # also when what it raised is no Exception (the after-reply thread logs that)
+            # A view, once made, is whole (the JVM may already read it) even if the apply failed after it.
+            outcomes.views[view_dir] = ok or os.path.isdir(view_dir)
+            while len(outcomes.views) > APPLIED_VIEWS_KEPT:
+                outcomes.views.popitem(last=False)
+            outcomes.metrics = {**metrics, "deferredApplyMs": elapsed_ms(started)}
         release_free_memory()
 
     return apply

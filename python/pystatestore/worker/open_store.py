@@ -115,7 +115,7 @@ class OpenStore:
         """Starts the work the calling call left under the lock; the lock is released when it ends.
         Only that call may start it (it holds the lock for the work), once, whatever its outcome: a
         call that never held the lock would start another's work, which then released it twice."""
-        self.work_left.start(self._release)
+        self.work_left.start(self.backend.ctx.store_dir, self._release)
 
     def _release(self) -> None:
         self.busy_with = None
