@@ -16,7 +16,8 @@ import pytest
 from backend_support import MODES, changes, commit, make_backend, materialize_if_due, state_of
 from local_recovery_support import damage_one_sst_in_place
 from pystatestore.store.errors import StoreConfigError
-from pystatestore.store.local_recovery import CHANGES_MARKER, MARKER, clean_stale_stores
+from pystatestore.store.kept_changes import CHANGES_MARKER
+from pystatestore.store.local_recovery import MARKER, clean_stale_stores
 
 BIG = {f"k{i:05d}".encode(): b"v" * 64 for i in range(3000)}
 
