@@ -1,4 +1,5 @@
-"""Offline tools over a checkpoint: reading a Spark checkpoint's stores (checkpoint.py), decoding
-Spark's rows (unsafe_row.py, spark_hash.py), key lookup, inspection and reports, and the
-`pystatestore` command (cli.py). They read through the storage layer and never run a worker.
+"""Offline tools over a checkpoint: a Spark checkpoint's layout (checkpoint.py) and its stores read
+(store_reader.py), decoding Spark's rows (unsafe_row.py, spark_hash.py), key lookup, inspection and
+reports, and the `pystatestore` command (cli.py). They read through the storage layer and never
+run a worker.
 """

@@ -17,8 +17,9 @@ from typing import Any
 
 from ..store.errors import StateStoreError
 from ..store.manifest import KEY_ENCODING_FAMILIES, MANIFEST_DIR, SNAPSHOT_DIR, Manifest, snapshot_of
-from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
+from .checkpoint import SparkCheckpoint, StoreLocation
 from .families import FamilyCount, family_counts
+from .store_reader import StoreReader
 from .unsafe_row import RowDecodeError, SchemaError
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.

@@ -34,9 +34,10 @@ from ..store.backends import BACKENDS, DEFAULT_BACKEND, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
-from .checkpoint import StoreLocation, StoreReader
+from .checkpoint import StoreLocation
 from .rewrite_plan import SCRATCH_DIR, Progress, RewriteError, RewritePlan, StoreKind, StoreResult, store_dir
 from .spark_hash import stored_key_hashes
+from .store_reader import StoreReader
 from .unsafe_row import RowDecodeError, SchemaError, parse_schema
 
 

@@ -14,10 +14,11 @@ import pyarrow as pa
 
 from ..store.errors import StateStoreError
 from ..store.manifest import KEY_ENCODING_FAMILIES
-from .checkpoint import SparkCheckpoint, StoreLocation, StoreReader
+from .checkpoint import SparkCheckpoint, StoreLocation
 from .families import Family, family_prefix, registry
 from .inspection import Progress, _no_progress
 from .key_lookup import KeyValueError, lookup_error, plan_lookup
+from .store_reader import StoreReader
 from .unsafe_row import RowDecodeError, SchemaError, StateRowDecoder, unique_names
 
 
