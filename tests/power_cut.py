@@ -8,13 +8,15 @@ the power gone after any event of that log, by the rules filesystems keep (and n
 - a file's bytes are on disk up to its last fsync; what was written after may be there, in part
   (a torn tail) or not at all;
 - a name (a create, rename, hard link, new directory, removal) is on disk once the directory
-  holding it was fsynced after the change (both directories for a rename between two); any other
-  may or may not be, each on its own; a rename happens whole or not at all;
+  holding it was fsynced after the change (both directories for a rename between two); of the
+  others, some first part survives, in the order they were made (a journal's order); a rename
+  happens whole or not at all;
 - a hard link from outside the root brings bytes RocksDB has fsynced (a checkpoint's SST); a file
   renamed in from outside brings bytes nobody fsynced.
 Each image is one of three kinds: `lost` (everything not synced is gone: empty files, no names),
-`kept` (everything is there: what a killed process leaves) and `mixed` (each unsynced name and
-each file's unsynced bytes drawn from a seeded generator: gone, torn or whole).
+`kept` (everything is there: what a killed process leaves) and `mixed` (how many of the unsynced
+names survive, and for each file whether its unsynced bytes are gone, torn or whole, drawn from a
+seeded generator).
 
 A point an fsync names can be left out (`off`): the log then shows no fsync there, so the images
 are those of a product without that fsync. This file imports nothing of the product's storage code
@@ -257,13 +259,20 @@ def crash_image(events: list[Event], cut: int, kind: str, rng: random.Random | N
     def durable(i: int, e: Event) -> bool:
         return all(any(j > i for j in synced_dirs_after.get(d, ())) for d in _parents(e))
 
-    def survives(i: int, e: Event) -> bool:
-        if durable(i, e) or kind == "kept":
-            return True
-        if kind == "lost":
-            return False
+    # Journaled filesystems write names back in the order they were made: a power cut keeps some
+    # first part of the unsynced ones (`mixed` draws how much), and every synced one.
+    pending = [i for i, e in enumerate(happened) if e.op in NAME_OPS and not durable(i, e)]
+    if kind == "kept":
+        kept_pending = len(pending)
+    elif kind == "lost":
+        kept_pending = 0
+    else:
         assert rng is not None
-        return rng.random() < 0.5
+        kept_pending = rng.randint(0, len(pending))
+    surviving = set(pending[:kept_pending])
+
+    def survives(i: int, e: Event) -> bool:
+        return i in surviving or durable(i, e)
 
     tree: dict[str, int | None] = {"": None}  # path -> inode, or None for a directory
     current: dict[int, bytes] = {}

@@ -91,10 +91,13 @@ def delete(remote: RemoteStore, planned: RetentionPlan, fault_point: Callable[[s
     """Deletes what `planned` names; returns how many attempt directories it removed. Manifests go
     first, so a crash part-way leaves only unreferenced files, which the next run (recomputing the
     same plan) removes."""
-    # Snapshot manifests go before the files they name, like version manifests; and their removal
-    # is made durable before any file goes, or a power cut could bring a manifest back whose files
-    # were gone for good (removals reach a local disk in any order until their directory is synced).
-    manifests = [*planned.delete_manifests, *(r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/"))]
+    # Newest first: a version's chain only reaches down, so whatever part of the run a crash (or a
+    # power cut, which keeps some first part of the removals) leaves done, every manifest still there
+    # has its chain whole. Snapshot manifests go next, before the files they name, and all those
+    # removals are made durable before any file goes, or a power cut could bring a manifest back
+    # whose files were gone for good.
+    by_version = sorted(planned.delete_manifests, key=lambda rel: version_of_manifest(rel) or -1, reverse=True)
+    manifests = [*by_version, *(r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/"))]
     files = [r for r in planned.delete_files if not r.startswith(SNAPSHOT_DIR + "/")]
     for rel in manifests:
         remote.delete(rel)
