@@ -1,8 +1,6 @@
 package org.pystatestore
 
 import java.io.File
-import java.nio.file.Files
-import java.nio.file.attribute.PosixFilePermissions
 import java.util.concurrent.{CompletableFuture, ExecutionException, Executors, ThreadFactory, TimeUnit,
   TimeoutException}
 import java.util.concurrent.atomic.{AtomicBoolean, AtomicInteger}
@@ -194,9 +192,9 @@ object StateWorker extends Logging {
         anyDiedAbnormally ||= w.diedAbnormally
       }
       // Logs of a worker that died are kept for diagnosis; otherwise nothing of ours stays behind.
-      if (chosenRoot != null) {
-        if (!anyDiedAbnormally) deleteRecursively(chosenRoot)
-        else Option(chosenRoot.listFiles()).foreach(_.filterNot(_.getName.endsWith(".log")).foreach(deleteRecursively))
+      if (root != null) {
+        if (!anyDiedAbnormally) deleteRecursively(root.dir)
+        else Option(root.dir.listFiles()).foreach(_.filterNot(_.getName.endsWith(".log")).foreach(deleteRecursively))
       }
     }
   }
@@ -394,64 +392,31 @@ object StateWorker extends Logging {
   }
 
   /** This host's base directory for pystatestore: spark.local.dir, else java.io.tmpdir. */
-  def hostDir: File = synchronized { workRoot().getParentFile }
+  def hostDir: File = workRoot().getParentFile
 
   private def workBase(): File = new File(Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
     .map(_.split(",").head.trim).filter(_.nonEmpty)
     .getOrElse(System.getProperty("java.io.tmpdir")))
 
-  private val WorkDirName = "^pystatestore-(\\d+)$".r
-
-  private var chosenRoot: File = _
-
   /**
-   * Where worker logs and Arrow exchange files go: spark.local.dir, else java.io.tmpdir. Chosen
-   * once per JVM: after SparkContext.stop() SparkEnv is gone, and the shutdown hook must clean the
-   * directory that was used, not recompute another one.
+   * Where worker logs, Arrow exchange files, local databases and views go (WorkRoot): made in
+   * spark.local.dir, else java.io.tmpdir, once per JVM: after SparkContext.stop() SparkEnv is gone,
+   * and the shutdown hook must clean the directory that was used, not recompute another one.
    */
-  private def workRoot(): File = synchronized {
-    if (chosenRoot == null) {
-      val base = workBase()
-      chosenRoot = new File(base, s"pystatestore-${ProcessHandle.current().pid()}")
-      sweepLeftovers(base)
-    }
-    if (!chosenRoot.isDirectory) {
-      chosenRoot.mkdirs()
-      // Owner-only: views, local databases and exchange files hold the state's rows.
-      try Files.setPosixFilePermissions(chosenRoot.toPath, PosixFilePermissions.fromString("rwx------"))
-      catch { case NonFatal(e) => logDebug(s"Could not make $chosenRoot owner-only: $e") }
-    }
-    chosenRoot
+  private var root: WorkRoot = _
+
+  private def theRoot(): WorkRoot = synchronized {
+    if (root == null) root = WorkRoot.create(workBase())
+    root
   }
 
-  /**
-   * Removes work dirs of JVMs that are gone (killed before their shutdown hook ran) and that nobody
-   * touched for an hour. Only directories named like ours and owned by this user are considered.
-   */
-  private def sweepLeftovers(base: File): Unit = try {
-    val me = Files.getOwner(base.toPath).getName
-    val now = System.currentTimeMillis()
-    Option(base.listFiles()).getOrElse(Array.empty[File]).foreach { d =>
-      d.getName match {
-        case WorkDirName(pid) if d.isDirectory && !Files.isSymbolicLink(d.toPath) &&
-            ProcessHandle.of(pid.toLong).isEmpty && now - d.lastModified() > 3600L * 1000 &&
-            Files.getOwner(d.toPath).getName == System.getProperty("user.name", me) =>
-          deleteRecursively(d)
-        case _ =>
-      }
-    }
-  } catch { case NonFatal(e) => logDebug(s"Could not sweep old pystatestore work dirs in $base: $e") }
+  private def workRoot(): File = synchronized { theRoot().verified() }
 
-  private[pystatestore] def deleteRecursively(f: File): Unit = {
-    if (f.isDirectory && !Files.isSymbolicLink(f.toPath)) {
-      Option(f.listFiles()).foreach(_.foreach(deleteRecursively))
-    }
-    f.delete()
-  }
+  private[pystatestore] def deleteRecursively(f: File): Unit = WorkRoot.deleteRecursively(f)
 
   private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
     val generation = synchronized { generations += 1; generations }
-    val worker = WorkerProcess.start(spec, slot, generation, workRoot())
+    val worker = WorkerProcess.start(spec, slot, generation, theRoot())
     checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at ${worker.logFile}")
     worker

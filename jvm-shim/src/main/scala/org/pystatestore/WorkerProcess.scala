@@ -49,11 +49,12 @@ private[pystatestore] object WorkerProcess {
 
   /**
    * Starts the worker of `generation` for pool slot `slot`; its log and exchange directory go under
-   * `root`. Fails with StateWorkerDiedException, naming what to do, if it cannot start or register.
+   * `root`. Fails with StateWorkerDiedException, naming what to do, if it cannot start or register
+   * (with an IOException naming the directory if the root or the log cannot be ours alone).
    */
-  def start(spec: WorkerLaunchSpec, slot: Int, generation: Int, root: File): RunningWorker = {
-    val exchangeDir = Files.createTempDirectory(root.toPath, s"xfer-$generation-").toFile
-    val logFile = new File(root, s"worker-$generation.log")
+  def start(spec: WorkerLaunchSpec, slot: Int, generation: Int, root: WorkRoot): RunningWorker = {
+    val logFile = root.newLog(generation)
+    val exchangeDir = Files.createTempDirectory(root.dir.toPath, s"xfer-$generation-").toFile
     val token = newToken()
     val registration = new WorkerRegistration(token)
     // Gateway threads inherit this loader, so Py4J can resolve our interface by name even when
@@ -90,6 +91,8 @@ private[pystatestore] object WorkerProcess {
       env.put("PYTHONPATH", (p +: Option(env.get("PYTHONPATH")).toSeq).mkString(File.pathSeparator))
     }
     pb.redirectErrorStream(true)
+    // appendTo opens the log by name, following links: safe only because newLog has just created
+    // it in the root, a 0700 directory of this user where no one else can put a link in its place.
     pb.redirectOutput(ProcessBuilder.Redirect.appendTo(logFile))
     val process = try pb.start() catch {
       case NonFatal(e) =>
