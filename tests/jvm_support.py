@@ -1,4 +1,5 @@
-"""Compiles the suite's own Scala programs and runs them with spark-submit."""
+"""Compiles the suite's own Scala programs and runs them with spark-submit; starts a plain JVM
+with the shim for what needs a fresh JVM but no Spark."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pystatestore
 
@@ -89,3 +93,32 @@ def run_spark_submit(
         cmd += ["--conf", f"{k}={v}"]
     full_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **(env or {}))
     return subprocess.run([*cmd, str(jar), *args], capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@contextmanager
+def plain_jvm(tmpdir: Path) -> Iterator[Any]:
+    """A fresh JVM (its py4j view) with Spark's jars and the shim jar but no Spark running, so the
+    shim works in java.io.tmpdir, here `tmpdir`: what a JVM does once (choosing its work root) can
+    be watched from the start. It exits, running its shutdown hooks, when the block ends."""
+    import pyspark
+    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+
+    classpath = os.pathsep.join([str(Path(pyspark.__file__).resolve().parent / "jars" / "*"), pystatestore.jar_path()])
+    port, proc = launch_gateway(
+        classpath=classpath, javaopts=[f"-Djava.io.tmpdir={tmpdir}"], die_on_exit=True, return_proc=True
+    )
+    # No memory management: the JVM goes with the block, and the finalizers of its objects' proxies,
+    # run by a later garbage collection, would call a closed gateway.
+    gateway = JavaGateway(
+        gateway_parameters=GatewayParameters(port=port, auto_convert=True, enable_memory_management=False)
+    )
+    try:
+        yield gateway.jvm
+    finally:
+        gateway.close()
+        proc.stdin.close()  # die_on_exit: the JVM exits on EOF
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

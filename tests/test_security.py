@@ -1,18 +1,25 @@
 """The state workers of a real query: their Py4J control plane listens on loopback only and requires
-its token (DESIGN §2), and they carry nothing they do not need."""
+its token (DESIGN §2), and they carry nothing they do not need. The JVM's work root, which holds the
+state's rows, is this user's alone: a name no one can take first, nothing planted ever followed."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
+import stat
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from py4j.java_gateway import GatewayParameters, JavaGateway
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from jvm_support import plain_jvm, python_path_for_worker
 from spark_support import OUR_PROVIDER, run_with_restart, start_session
 from test_e2e import aggregation
 
@@ -201,3 +208,143 @@ def test_worker_on_a_local_checkpoint_never_loads_object_store_filesystems(worke
         }
     )
     assert not loaded, loaded
+
+
+# The JVM's work root: each test watches a fresh JVM (the root is chosen once per JVM) without Spark,
+# so the shim works in java.io.tmpdir; StateWorker.viewsDir makes the root as a store's open does.
+
+NOBODY = 65534
+NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
+
+
+def owner_only_dir(path: Path) -> Path:
+    path.mkdir()
+    path.chmod(0o700)
+    return path
+
+
+def chown_or_skip(path: Path, uid: int) -> None:
+    try:
+        os.chown(path, uid, uid)
+    except PermissionError:
+        pytest.skip("another owner's directory needs root to make")
+
+
+def assert_owner_only_root(root: Path, pid: int) -> None:
+    assert re.fullmatch(rf"pystatestore-{pid}-\d+", root.name), f"a predictable work root: {root}"
+    st = root.lstat()
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid(), root
+    assert stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
+
+
+@pytest.mark.parametrize("planted", ["wrong-mode", "symlink", "other-owner"])
+def test_the_work_root_never_takes_what_was_planted_at_a_predictable_name(tmp_path: Path, planted: str) -> None:
+    """Earlier releases used <tmpdir>/pystatestore-<pid>, reused as found: another user could make it
+    first (readable by them, or a link to where they can read) before the JVM started a worker."""
+    base, target = tmp_path / "base", owner_only_dir(tmp_path / "target")
+    base.mkdir()
+    with plain_jvm(base) as jvm:
+        pid = jvm.java.lang.ProcessHandle.current().pid()
+        old_name = base / f"pystatestore-{pid}"
+        if planted == "symlink":
+            old_name.symlink_to(target)
+        else:
+            owner_only_dir(old_name)
+            if planted == "wrong-mode":
+                old_name.chmod(0o755)
+            else:
+                chown_or_skip(old_name, NOBODY)
+        root = Path(jvm.org.pystatestore.StateWorker.viewsDir().getParent())
+        assert not list(target.iterdir()) and not list(old_name.iterdir()), "the planted directory was used"
+        assert_owner_only_root(root, pid)
+    assert not root.exists(), "the shutdown hook no longer removes the work root"
+    assert old_name.is_symlink() if planted == "symlink" else old_name.is_dir(), "someone else's was removed"
+
+
+def test_a_work_root_changed_under_the_jvm_is_refused(tmp_path: Path) -> None:
+    """Between uses (every worker start and store open) the root is checked again: loosened, given
+    away or swapped for a link, it is refused, naming it; removed (a temp cleaner), it is made anew."""
+    with plain_jvm(tmp_path) as jvm:
+        workers = jvm.org.pystatestore.StateWorker
+        root = Path(workers.viewsDir().getParent())
+        for change, undo, problem in [
+            (lambda: root.chmod(0o750), lambda: root.chmod(0o700), "its mode is rwxr-x---"),
+            (lambda: chown_or_skip(root, NOBODY), lambda: os.chown(root, os.getuid(), os.getgid()), "belongs to"),
+            (
+                lambda: (root.rename(tmp_path / "moved"), root.symlink_to(owner_only_dir(tmp_path / "elsewhere"))),
+                lambda: (root.unlink(), (tmp_path / "moved").rename(root)),
+                "symbolic link",
+            ),
+        ]:
+            change()
+            with pytest.raises(Py4JJavaError, match=rf"(?s){re.escape(str(root))}.*{problem}"):
+                workers.viewsDir()
+            undo()
+            assert Path(workers.viewsDir().getParent()) == root
+        assert not list((tmp_path / "elsewhere").iterdir()), "the link was followed"
+        shutil.rmtree(root)
+        assert Path(workers.viewsDir().getParent()) == root
+        assert stat.S_IMODE(root.lstat().st_mode) == 0o700
+
+
+def test_a_link_planted_where_the_next_worker_log_goes_is_never_followed(tmp_path: Path) -> None:
+    """A worker's stdout and stderr are appended to its log by name: the log is created new, so a
+    link (or file) found at its name stops that start, named, and nothing reaches the link's target."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"")
+    with plain_jvm(tmp_path) as jvm:
+        workers = jvm.org.pystatestore.StateWorker
+        spec = jvm.org.pystatestore.WorkerLaunchSpec(
+            sys.executable, jvm.scala.Option.apply(python_path_for_worker()), 60000, 60000, 30000, 1
+        )
+        first = workers.acquire(spec, 0)
+        pid, log = jvm.java.lang.ProcessHandle.current().pid(), Path(first.logFile().getPath())
+        (log.parent / "worker-2.log").symlink_to(victim)
+        first.kill()
+        try:
+            workers.acquire(spec, 0)
+            refusal = "none: the worker started"
+        except Py4JJavaError as e:
+            refusal = str(e)
+        third = workers.acquire(spec, 0)  # the next start takes the next generation's name
+        third_log, third_usable = third.logFile().getName(), third.isUsable()
+    # Checked once the JVM and its workers are gone: a worker's output may come after its start.
+    assert victim.read_bytes() == b"", "the worker's output went through the planted link"
+    assert str(log.parent / "worker-2.log") in refusal, refusal
+    assert third_log == "worker-3.log" and third_usable
+    assert_owner_only_root(log.parent, pid)  # kept, with the logs: a worker was killed
+    assert stat.S_ISREG(log.lstat().st_mode) and stat.S_IMODE(log.lstat().st_mode) == 0o600
+
+
+def test_the_sweep_removes_only_work_roots_of_ours(tmp_path: Path) -> None:
+    """Roots of JVMs that are gone, untouched for an hour, are removed by the next JVM's first use of
+    the same base: only a directory of this user with mode 0700, named like a root. Never a link's
+    target, another user's directory, a looser one, a live JVM's nor local recovery's."""
+    hour_ago = time.time() - 3700
+    # Ours, and an earlier release's (pystatestore-<pid>)
+    gone = [
+        owner_only_dir(tmp_path / f"pystatestore-{NO_SUCH_PID}-1"),
+        owner_only_dir(tmp_path / f"pystatestore-{NO_SUCH_PID}"),
+    ]
+    target = owner_only_dir(tmp_path / "target")
+    kept = {
+        "recent": owner_only_dir(tmp_path / f"pystatestore-{NO_SUCH_PID}-2"),
+        "live JVM": owner_only_dir(tmp_path / f"pystatestore-{os.getpid()}-3"),
+        "looser": owner_only_dir(tmp_path / f"pystatestore-{NO_SUCH_PID}-4"),
+        "another user's": owner_only_dir(tmp_path / f"pystatestore-{NO_SUCH_PID}-5"),
+        "local recovery": owner_only_dir(tmp_path / "pystatestore-local-recovery-0"),
+        "link's target": target,
+    }
+    (tmp_path / f"pystatestore-{NO_SUCH_PID}-6").symlink_to(target)
+    kept["looser"].chmod(0o755)
+    for d in [*gone, *kept.values()]:
+        (d / "worker-1.log").write_text("rows")
+    chown_or_skip(kept["another user's"], NOBODY)
+    for d in [*gone, *kept.values()]:
+        if d != kept["recent"]:
+            os.utime(d, (hour_ago, hour_ago))
+    os.utime(tmp_path / f"pystatestore-{NO_SUCH_PID}-6", (hour_ago, hour_ago), follow_symlinks=False)
+    with plain_jvm(tmp_path) as jvm:
+        jvm.org.pystatestore.StateWorker.viewsDir()
+        assert not [d.name for d in gone if d.exists()], "a gone JVM's root was not swept"
+        assert {what: d.name for what, d in kept.items() if not (d / "worker-1.log").exists()} == {}
