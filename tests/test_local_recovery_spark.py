@@ -226,7 +226,7 @@ def kill_an_executor_mid_stream(tmp_path: Path) -> tuple[dict[str, int], dict[tu
         )
         thread.join(10)
         # Read before stop(): a JVM that exits normally removes its workers' directory, logs included.
-        # Worker logs sit in spark.local.dir/pystatestore-<executor pid>/ while their JVM runs.
+        # Worker logs sit in spark.local.dir/pystatestore-<executor pid>-<random>/ while their JVM runs.
         restores = restores_in_worker_logs(sorted(local_dir.glob("pystatestore-*/worker-*.log")))
     finally:
         spark.stop()
