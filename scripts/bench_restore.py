@@ -19,7 +19,6 @@ import datetime as dt
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -27,15 +26,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import pystatestore
-from bench import PARTITIONS, run_query_in_own_jvm  # scripts/ is on sys.path when run as a script
+from benchlib.inputs import stamp_order
+from benchlib.providers import PROVIDERS, PSS, sql_conf
+from benchlib.query import PARTITIONS, run_query_in_own_jvm
+from benchlib.repeats import medians_over, rotation
+from benchlib.report import code_version, provenance, watching_load, write_report
 
 RESTARTS = 3
-CONF = "spark.sql.streaming.stateStore.pystatestore."
+# run -> (provider, what it sets besides): our restores from the local copy and from the checkpoint
 RUNS = {
-    "spark-rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", {}),
-    "pss-local-copy": (pystatestore.PROVIDER_CLASS, {CONF + "localRecovery": "true"}),
-    "pss-checkpoint": (pystatestore.PROVIDER_CLASS, {CONF + "localRecovery": "false"}),
+    "spark-rocksdb": ("rocksdb", {}),
+    "pss-local-copy": ("pss-changelog", {PSS + "localRecovery": "true"}),
+    "pss-checkpoint": ("pss-changelog", {PSS + "localRecovery": "false"}),
 }
 
 
@@ -44,7 +46,7 @@ def write_file(input_dir: Path, index: int, keys: range) -> None:
     pq.write_table(
         pa.table({"key": pa.array(keys, pa.int64()), "value": pa.array([index] * len(keys), pa.int64())}), path
     )
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    stamp_order(path, index)
 
 
 def main() -> None:
@@ -52,54 +54,57 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    code = code_version()
     work = Path(tempfile.mkdtemp(prefix="pss-bench-restore-"))
     session = {"spark.driver.memory": "6g"}
     names = list(RUNS)
 
-    def sql_conf(name: str) -> dict[str, str]:
+    def conf(name: str) -> dict[str, str]:
         provider, confs = RUNS[name]
-        local = (
-            {CONF + "localRecoveryDir": str(work / f"recovery-{name}")}
-            if provider == pystatestore.PROVIDER_CLASS
-            else {}
-        )
-        return {"spark.sql.streaming.stateStore.providerClass": provider, **confs, **local}
+        local = {PSS + "localRecoveryDir": str(work / f"recovery-{name}")} if PROVIDERS[provider].ours else {}
+        return sql_conf(provider, {**confs, **local})
 
-    for name in names:
-        input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
-        input_dir.mkdir()
-        write_file(input_dir, 0, range(args.keys))
-        write_file(input_dir, 1, range(0, args.keys, 1000))
-        _, version = run_query_in_own_jvm(
-            work, f"{name}-build", sql_conf(name), input_dir, checkpoint, session_conf=session
-        )
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    for restart in range(RESTARTS):  # each restart adds a small file and restores the state
-        for name in names[restart % len(names) :] + names[: restart % len(names)]:
+    with watching_load() as load:
+        for name in names:
+            load.phase = f"{name} build"
             input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
-            write_file(input_dir, 2 + restart, range(1 + restart, args.keys, 1000))
-            first = run_query_in_own_jvm(
-                work, f"{name}-restart{restart}", sql_conf(name), input_dir, checkpoint, session_conf=session
-            )[0][0]
-            op = first["stateOperators"][0]
-            m = op.get("customMetrics", {})
-            samples[name].append(
-                {
-                    "batch_ms": first["durationMs"]["triggerExecution"],
-                    "rows": op["numRowsTotal"],
-                    "restore_ms": m.get("pystatestoreRestoreMs", 0) / PARTITIONS,
-                    "load_ms": m.get("pystatestoreLoadMs", 0) / PARTITIONS,
-                    "local_mb": m.get("pystatestoreRestoreLocalBytes", 0) / 2**20,
-                    "remote_mb": m.get("pystatestoreRestoreRemoteBytes", 0) / 2**20,
-                }
+            input_dir.mkdir()
+            write_file(input_dir, 0, range(args.keys))
+            write_file(input_dir, 1, range(0, args.keys, 1000))
+            _, version = run_query_in_own_jvm(
+                work, f"{name}-build", conf(name), input_dir, checkpoint, session_conf=session
             )
-    results = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+        samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+        for restart in range(RESTARTS):  # each restart adds a small file and restores the state
+            for name in rotation(names, restart):
+                load.phase = name
+                input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
+                write_file(input_dir, 2 + restart, range(1 + restart, args.keys, 1000))
+                first = run_query_in_own_jvm(
+                    work, f"{name}-restart{restart}", conf(name), input_dir, checkpoint, session_conf=session
+                )[0][0]
+                op = first["stateOperators"][0]
+                m = op.get("customMetrics", {})
+                samples[name].append(
+                    {
+                        "batch_ms": first["durationMs"]["triggerExecution"],
+                        "rows": op["numRowsTotal"],
+                        "restore_ms": m.get("pystatestoreRestoreMs", 0) / PARTITIONS,
+                        "load_ms": m.get("pystatestoreLoadMs", 0) / PARTITIONS,
+                        "local_mb": m.get("pystatestoreRestoreLocalBytes", 0) / 2**20,
+                        "remote_mb": m.get("pystatestoreRestoreRemoteBytes", 0) / 2**20,
+                    }
+                )
+    results = {name: medians_over(runs) for name, runs in samples.items()}
     shutil.rmtree(work, ignore_errors=True)
 
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore restore bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: .venv/bin/python scripts/bench_restore.py --keys {args.keys}",
+        code_line,
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {version}, local[2], {PARTITIONS} partitions",
+        load_line,
         f"# workload: {args.keys} keys of aggregation state, query restarted {RESTARTS} times, each restart a "
         "new driver JVM on the same host, the runs in rotating order; medians of the first batch after each restart",
         "",
@@ -107,7 +112,7 @@ def main() -> None:
         f"{'from local copy':>17}{'from checkpoint':>17}",
     ]
     for name, r in results.items():
-        if RUNS[name][0] == pystatestore.PROVIDER_CLASS:
+        if PROVIDERS[RUNS[name][0]].ours:
             own = f"{r['restore_ms']:>24.0f}{r['load_ms']:>18.0f}{r['local_mb']:>13.1f} MiB{r['remote_mb']:>13.1f} MiB"
         else:  # Spark's RocksDB provider reports no such metrics; a new JVM has nothing local
             own = f"{'-':>24}{'-':>18}{'-':>17}{'all of it':>17}"
@@ -120,10 +125,7 @@ def main() -> None:
         f"restart batch, pss local copy / Spark RocksDB: {local['batch_ms'] / spark_r['batch_ms']:.2f}x",
         f"restart batch, pss checkpoint / Spark RocksDB: {remote['batch_ms'] / spark_r['batch_ms']:.2f}x",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    write_report("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,19 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib.build import reexec_under_pyspark
+from benchlib.procfs import cpu_seconds, kind_of, subtree
+from benchlib.progress import batch_ms, started_at
+from benchlib.providers import PSS, sql_conf
+from benchlib.queries import WARMUP_BATCHES, WORKLOAD_TEXT, compile_session_buffers, write_inputs
+from benchlib.query import run_query_in_own_jvm
+from benchlib.report import code_version, provenance, watching_load, write_report
+from benchlib.samplers import LoadMonitor, Sampler
+from pystatestore.spark_minors import BUILT_AGAINST
 
-from bench import RUNS, WARMUP_BATCHES, WORKLOAD_TEXT, compile_session_buffers, write_inputs  # noqa: E402
-from bench_scale import kind_of, subtree  # noqa: E402
-from pystatestore.spark_minors import BUILT_AGAINST  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
 # A JFR stack frame belongs to the state store when its class is one of these.
 STORE_FRAMES = (
     "org.pystatestore.",
@@ -42,14 +44,6 @@ STORE_FRAMES = (
     "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStore",
     "org.apache.spark.sql.execution.streaming.state.StateStoreChangelog",
 )
-
-
-def cpu_seconds(stat_path: Path) -> tuple[str, float]:
-    """(comm, user + system CPU seconds) of one /proc stat file."""
-    text = stat_path.read_text()
-    comm = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return comm, (int(fields[11]) + int(fields[12])) / TICK
 
 
 def thread_group(comm: str) -> str:
@@ -72,20 +66,17 @@ def thread_group(comm: str) -> str:
     return "other JVM threads"
 
 
-class CpuSampler(threading.Thread):
+class CpuSampler(Sampler):
     """Every 0.5 s: the CPU seconds of each process under `parent`, by kind, and of each JVM thread,
     by group. Dead processes keep their last value, so a sum over a window is right."""
 
+    interval = 0.5
+
     def __init__(self, parent: int) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.parent = parent
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.last: dict[tuple[int, int], tuple[str, float]] = {}
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            self.sample()
 
     def sample(self) -> None:
         for pid in subtree(self.parent):
@@ -148,71 +139,55 @@ def jfr_shares(recording: Path, start: float, end: float) -> tuple[dict[str, int
     return dict(by_thread), dict(store_tops)
 
 
-def child_main(spec_file: Path) -> None:
-    """The query, in this process's JVM, with its progress reports written next to the spec."""
-    from bench import query_child
-
-    query_child(spec_file)
-
-
 def profile(name: str, args: argparse.Namespace, work: Path, input_dir: Path, jars: dict[str, str]) -> dict:
-    provider, confs = RUNS[name]
     recording = work / f"{name}.jfr"
-    spec_file, result = work / f"{name}.spec.json", work / f"{name}.result.json"
-    local = {"spark.sql.streaming.stateStore.pystatestore.localRecoveryDir": str(work / f"recovery-{name}")}
-    spec = {
-        "app": f"pystatestore-profile-{name}",
-        "partitions": args.partitions,
-        "session_conf": {
+    samplers: list[CpuSampler] = []
+
+    def watch(pid: int) -> list[CpuSampler]:
+        samplers.append(CpuSampler(pid))  # kept here: the query's run gives back only its progress
+        return samplers
+
+    progress, _ = run_query_in_own_jvm(
+        work,
+        name,
+        sql_conf(name, {PSS + "localRecoveryDir": str(work / f"recovery-{name}")}),
+        input_dir,
+        work / f"ckpt-{name}",
+        partitions=args.partitions,
+        linger_s=1.0,
+        session_conf={
             "spark.driver.extraJavaOptions": f"-XX:StartFlightRecording=filename={recording},settings=profile",
             **jars,
         },
-        "sql_conf": {"spark.sql.streaming.stateStore.providerClass": provider, **confs, **local},
-        "input": str(input_dir),
-        "checkpoint": str(work / f"ckpt-{name}"),
-        "linger_s": 1.0,
-        "result": str(result),
-        "workload": args.workload,
-    }
-    spec_file.write_text(json.dumps(spec))
-    bench_py = Path(__file__).resolve().parent / "bench.py"
-    with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(bench_py), "--child", str(spec_file)], stdout=log, stderr=log)
-        sampler = CpuSampler(proc.pid)
-        sampler.start()
-        code = proc.wait()
-        sampler.done.set()
-        sampler.join()
-    if code != 0:
-        raise SystemExit(f"profile: the {name} query failed; see {work / (name + '.log')}")
-    progress = json.loads(result.read_text())["progress"]
+        workload=args.workload,
+        watch=watch,
+    )
     steady = progress[1 + WARMUP_BATCHES :]
-
-    def at(p: dict) -> float:
-        return dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-
-    start, end = at(steady[0]), at(steady[-1]) + steady[-1]["durationMs"]["triggerExecution"] / 1000
-    batch_ms = sorted(p["durationMs"]["triggerExecution"] for p in steady)
+    start, end = started_at(steady[0]), started_at(steady[-1]) + batch_ms(steady[-1]) / 1000
+    batches = sorted(batch_ms(p) for p in steady)
     return {
         "name": name,
         "batches": len(steady),
         "wall_s": end - start,
-        "median_batch_ms": batch_ms[len(batch_ms) // 2],
+        "median_batch_ms": batches[len(batches) // 2],
         "commit_ms": sum(p["stateOperators"][0]["commitTimeMs"] for p in steady) / len(steady),
-        "cpu": sampler.between(start, end),
+        "cpu": samplers[0].between(start, end),
         "jfr": (shares := jfr_shares(recording, start, end))[0],
         "jfr_store_tops": shares[1],
     }
 
 
-def report(results: list[dict], args: argparse.Namespace) -> str:
+def report(results: list[dict], args: argparse.Namespace, code: str, load: LoadMonitor) -> str:
     import pyspark
 
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore batch profile, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "# command: .venv/bin/python scripts/profile_batches.py " + " ".join(sys.argv[1:]),
+        code_line,
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {pyspark.__version__}, local[2], "
         f"{args.partitions} partitions",
+        load_line,
         f"# workload: {WORKLOAD_TEXT[args.workload]}; {args.keys} keys, {args.touched_pct}% touched per batch; "
         f"batches {WARMUP_BATCHES + 2}..{args.batches} profiled",
         "# CPU: user+system seconds per steady batch from /proc, by process kind and JVM thread group;",
@@ -251,20 +226,19 @@ def main() -> None:
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if args.pyspark:
-        import build_jar
-
-        build_jar.reexec_under_pyspark(args.pyspark)
+    reexec_under_pyspark(args.pyspark)
+    code = code_version()
     work = Path(tempfile.mkdtemp(prefix="pss-profile-"))
     input_dir = work / "input"
     write_inputs(input_dir, args.keys, int(args.keys * args.touched_pct / 100), args.batches)
     # The flatmap-sessions workload's Scala function, compiled once against the running Spark.
     jars = {"spark.jars": str(compile_session_buffers(work))} if args.workload == "flatmap-sessions" else {}
-    results = [profile(name, args, work, input_dir, jars) for name in args.runs.split(",")]
-    text = report(results, args)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    results = []
+    with watching_load() as load:
+        for name in args.runs.split(","):
+            load.phase = name
+            results.append(profile(name, args, work, input_dir, jars))
+    write_report(report(results, args, code, load), args.out)
 
 
 if __name__ == "__main__":
