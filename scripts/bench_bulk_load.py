@@ -16,7 +16,7 @@ Where each first batch went: Spark's split of the batch (`durationMs`), the stat
 summed over partitions (`allUpdatesTimeMs`, `commitTimeMs`), and for pystatestore its custom
 metrics summed over partitions: waiting for the worker to start, writing the Arrow frame, the
 worker's SST write, ingest, RocksDB checkpoint and upload, and the call as the JVM sees it. Memory:
-peak RSS of the JVM and all its descendants, as in bench_scale.py.
+peak RSS of the JVM and all its descendants (benchlib.samplers.MemorySampler, as bench_scale.py).
 
     .venv/bin/python scripts/bench_bulk_load.py [--keys 1000000,8000000] [--repeat 3]
         [--partitions 4] [--driver-memory 1g] [--providers no-state,spark-hdfs,spark-rocksdb,pss-rocksdb]
@@ -40,18 +40,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import run_sampled  # noqa: E402 - scripts/ is not a package
-from pystatestore.spark_minors import BUILT_AGAINST  # noqa: E402
+from benchlib.build import reexec_under_pyspark
+from benchlib.child import hidden_options, result_line, run_child, script_argv
+from benchlib.providers import PROVIDER_CONF, sql_conf
+from benchlib.repeats import rotation
+from benchlib.report import code_version, provenance, watching_load, write_report
+from benchlib.samplers import LoadMonitor, MemorySampler
+from pystatestore.spark_minors import BUILT_AGAINST
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PROVIDERS: dict[str, tuple[str | None, dict[str, str]]] = {
-    "no-state": (None, {}),
-    "spark-hdfs": ("org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", {}),
-    "spark-rocksdb": (ROCKSDB, {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}),
-    "pss-rocksdb": ("org.pystatestore.PythonStateStoreProvider", {}),
+# this benchmark's names of the providers it runs (benchlib.providers' table); None: no state store
+PROVIDERS: dict[str, str | None] = {
+    "no-state": None,
+    "spark-hdfs": "hdfs",
+    "spark-rocksdb": "rocksdb-changelog",
+    "pss-rocksdb": "pss-changelog",
 }
-STORE_PROVIDERS = [p for p, (cls, _) in PROVIDERS.items() if cls is not None]
 # pystatestore's custom metrics of a commit, in the order its time goes (summed over partitions).
 OUR_SPLIT = [
     ("pystatestoreWorkerStartMs", "waiting for a worker to start"),
@@ -69,29 +72,19 @@ OUR_SPLIT = [
 
 def child(args: argparse.Namespace) -> None:
     """One first batch in this process's own driver JVM; prints a JSON line."""
-    from pyspark.sql import SparkSession
-
-    import pystatestore
+    from benchlib.session import start_session
 
     jvm_started = time.monotonic()
-    provider, extra = PROVIDERS[args.child]
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(f"bench-bulk-load-{args.child}")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
-    for k, v in extra.items():
-        builder = builder.config(k, v)
+    provider = PROVIDERS[args.child]
     # Every run gets the same jar and confs; only the provider differs (none for the control).
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = start_session(
+        f"bench-bulk-load-{args.child}",
+        partitions=args.partitions,
+        sql_conf=sql_conf(provider) if provider else {},
+        **{"spark.driver.memory": args.driver_memory},
+    )
     if provider is None:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    else:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+        spark.conf.unset(PROVIDER_CONF)
     result: dict = {"provider": args.child, "session_s": time.monotonic() - jvm_started}
     df = spark.readStream.schema("k long").parquet(args.input)
     if provider is None:
@@ -134,33 +127,28 @@ def run_once(name: str, keys: int, args: argparse.Namespace, work: Path) -> dict
         write_input(input_dir, keys)
     checkpoint = work / f"ckpt-{name}"
     shutil.rmtree(checkpoint, ignore_errors=True)
-    cmd = [
-        sys.executable,
+    cmd = script_argv(
         __file__,
-        "--child",
-        name,
-        "--input",
-        str(input_dir),
-        "--checkpoint",
-        str(checkpoint),
-        "--partitions",
-        str(args.partitions),
-        "--driver-memory",
-        args.driver_memory,
-    ]
-    out, err, sampler, timed_out, returncode = run_sampled(cmd, work / "no-restart-here", args.timeout)
+        child=name,
+        input=input_dir,
+        checkpoint=checkpoint,
+        partitions=args.partitions,
+        driver_memory=args.driver_memory,
+    )
+    run = run_child(cmd, timeout=args.timeout, watch=lambda pid: [MemorySampler(pid)])
+    peak = run.watchers[0].peak
     shutil.rmtree(checkpoint, ignore_errors=True)
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        if "java.lang.OutOfMemoryError" in out + err:
+    line = result_line(run.stdout)
+    if line is None:
+        if "java.lang.OutOfMemoryError" in run.stdout + run.stderr:
             why = "the driver JVM ran out of memory (java.lang.OutOfMemoryError)"
-        elif timed_out:
+        elif run.timed_out:
             why = f"no result within {args.timeout} s (killed)"
         else:
-            why = f"child exited {returncode}: {[ln for ln in err.splitlines() if 'Error' in ln][-2:]}"
-        return {"provider": name, "error": why, "peak_rss": sampler.peak}
-    result = json.loads(lines[-1][len("RESULT ") :])
-    result["peak_rss"] = sampler.peak
+            why = f"child exited {run.returncode}: {[ln for ln in run.stderr.splitlines() if 'Error' in ln][-2:]}"
+        return {"provider": name, "error": why, "peak_rss": peak}
+    result = json.loads(line)
+    result["peak_rss"] = peak
     return result
 
 
@@ -183,14 +171,19 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def report(results: dict[int, dict[str, dict]], args: argparse.Namespace, command: str) -> str:
+def report(
+    results: dict[int, dict[str, dict]], args: argparse.Namespace, command: str, code: str, load: LoadMonitor
+) -> str:
     import pyspark
 
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore bulk-load bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: {command}",
+        code_line,
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {pyspark.__version__}, local[2], "
         f"{args.partitions} shuffle partitions, spark.driver.memory={args.driver_memory}",
+        load_line,
         "# workload: a new query's first micro-batch, groupBy(k).count() (update mode, noop sink) over one parquet",
         "# file of N distinct keys; each run a fresh driver JVM, providers in rotating order; medians [min-max]",
         "# spark-rocksdb runs changelog checkpointing; pss-rocksdb its default (changelog commits);",
@@ -270,17 +263,14 @@ def main() -> None:
     ap.add_argument("--pyspark", choices=list(BUILT_AGAINST), help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", choices=list(PROVIDERS), help=argparse.SUPPRESS)
-    ap.add_argument("--input", help=argparse.SUPPRESS)
-    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    hidden_options(ap, "--input", "--checkpoint")
     args = ap.parse_args()
     if args.child:
         child(args)
         return
-    if args.pyspark:
-        import build_jar  # scripts/build_jar.py: finds or installs that minor's pyspark
-
-        build_jar.reexec_under_pyspark(args.pyspark)
+    reexec_under_pyspark(args.pyspark)
     command = "python scripts/bench_bulk_load.py " + " ".join(sys.argv[1:])
+    code = code_version()
     names = args.providers.split(",")
     unknown = set(names) - set(PROVIDERS)
     if unknown:
@@ -288,25 +278,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pss-bench-bulk-"))
     results: dict[int, dict[str, dict]] = {}
     try:
-        for keys in (int(k) for k in args.keys.split(",")):
-            runs: dict[str, list[dict]] = {n: [] for n in names}
-            for i in range(args.repeat):
-                for name in names[i % len(names) :] + names[: i % len(names)]:
-                    if any("error" in r for r in runs[name]):
-                        continue  # a provider that failed at this size (out of memory, timed out) is not run again
-                    print(
-                        f"bench_bulk_load: {keys:,} keys, {name} ({i + 1}/{args.repeat})", file=sys.stderr, flush=True
-                    )
-                    r = run_once(name, keys, args, work)
-                    print(f"  first batch {r.get('batch_ms', r.get('error'))}", file=sys.stderr, flush=True)
-                    runs[name].append(r)
-            results[keys] = {n: summarize(runs[n]) for n in names}
+        with watching_load() as load:
+            for keys in (int(k) for k in args.keys.split(",")):
+                runs: dict[str, list[dict]] = {n: [] for n in names}
+                for i in range(args.repeat):
+                    for name in rotation(names, i):
+                        if any("error" in r for r in runs[name]):
+                            continue  # a provider that failed at this size (out of memory, timed out) is not run again
+                        print(f"bench_bulk_load: {keys:,} keys, {name} ({i + 1}/{args.repeat})", file=sys.stderr)
+                        load.phase = f"{name} {keys:,}"
+                        r = run_once(name, keys, args, work)
+                        print(f"  first batch {r.get('batch_ms', r.get('error'))}", file=sys.stderr, flush=True)
+                        runs[name].append(r)
+                results[keys] = {n: summarize(runs[n]) for n in names}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(results, args, command)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    write_report(report(results, args, command, code, load), args.out)
 
 
 if __name__ == "__main__":

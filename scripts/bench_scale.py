@@ -28,14 +28,10 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,23 +39,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchlib.build import reexec_under_pyspark
+from benchlib.child import hidden_options, result_line, run_child, script_argv
+from benchlib.inputs import stamp_order
+from benchlib.providers import PROVIDER_CONF, sql_conf
+from benchlib.repeats import rotation
+from benchlib.report import code_version, provenance, watching_load, write_report
+from benchlib.samplers import LoadMonitor, MemorySampler
 from pystatestore.spark_minors import BUILT_AGAINST
 
-CONF = "spark.sql.streaming.stateStore.pystatestore."
-PROVIDERS = {
-    "spark-rocksdb": ("org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider", {}),
-    "spark-hdfs": ("org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", {}),
-    "pss-rocksdb": ("org.pystatestore.PythonStateStoreProvider", {CONF + "backend": "rocksdb"}),
-}
+# this benchmark's names of the providers it runs (benchlib.providers' table)
+PROVIDERS = {"spark-rocksdb": "rocksdb", "spark-hdfs": "hdfs", "pss-rocksdb": "pss-changelog"}
 BASELINE = "spark-rocksdb"
-PAGE = os.sysconf("SC_PAGE_SIZE")
+PHASES = ("growth", "restart")  # the growing batches, and the restart (which restores all state)
 
 
 # -- input ------------------------------------------------------------------------------------
 def write_file(input_dir: Path, index: int, keys: pa.Array) -> None:
     path = input_dir / f"f{index:04d}.parquet"
     pq.write_table(pa.table({"k": keys}), path)
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # the file source orders by mtime
+    stamp_order(path, index)
 
 
 def write_growth_inputs(input_dir: Path, per_batch: int, batches: int) -> None:
@@ -106,189 +105,21 @@ def check_state(spark: Any, checkpoint: Path, per_batch: int, batches: int) -> d
     return {name: int(row[name] or 0) for name in ("rows", "wrong", "unknown_keys", "distinct_keys")}
 
 
-# -- memory -----------------------------------------------------------------------------------
-def children_of() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(proc.name))
-    return tree
-
-
-def subtree(root: int) -> list[int]:
-    tree, out, stack = children_of(), [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(tree.get(pid, []))
-    return out
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        return int((Path("/proc") / str(pid) / "statm").read_text().split()[1]) * PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def pss_bytes(pid: int) -> int:
-    """Proportional set size: shared pages (libraries, the JDK's files) divided among the processes
-    mapping them, which is what a container's memory limit sees of a process tree."""
-    try:
-        for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
-class HeapWatcher(threading.Thread):
-    """How much of the driver JVM's RSS is its Java heap, once a second: the heap's address range
-    from `jcmd GC.heap_info`, the resident pages in that range from /proc/<pid>/smaps. Committed
-    heap is no measure of this: a heap committed up front (-Xms) is resident only where touched."""
-
-    def __init__(self, jvm: int, stop_event: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.jvm, self.stop_event = jvm, stop_event
-        self.resident = 0  # bytes of the heap range resident in memory
-
-    def _heap_range(self) -> tuple[int, int] | None:
-        try:
-            out = subprocess.run(
-                ["jcmd", str(self.jvm), "GC.heap_info"], capture_output=True, text=True, timeout=30
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        m = re.search(r"heap\s+total.*\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", out)
-        return (int(m[1], 16), int(m[2], 16)) if m else None
-
-    def run(self) -> None:
-        heap = None
-        while heap is None and not self.stop_event.wait(1.0):
-            heap = self._heap_range()  # the JVM may not answer while it starts
-        while heap is not None and not self.stop_event.is_set():
-            self.resident = _resident_in(self.jvm, *heap)
-            self.stop_event.wait(1.0)
-
-
-def _resident_in(pid: int, start: int, end: int) -> int:
-    """Resident bytes of `pid`'s mappings inside [start, end)."""
-    total, inside = 0, False
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            for line in f:
-                if "-" in line.split(" ", 1)[0] and not line.startswith(("Rss", "Size")):
-                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
-                    inside = lo >= start and hi <= end
-                elif inside and line.startswith("Rss:"):
-                    total += int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return 0
-    return total
-
-
-def kind_of(pid: int) -> str:
-    """'jvm', 'worker' (pystatestore's state worker) or 'python' (PySpark's workers, others)."""
-    if _is_java(pid):
-        return "jvm"
-    try:
-        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return "python"
-    return "worker" if b"pystatestore.worker" in argv else "python"
-
-
-class RssSampler(threading.Thread):
-    """Peak RSS of the JVMs started by `parent` (a child process) and all their descendants, and
-    how that peak split between the JVM, pystatestore's worker and other processes."""
-
-    def __init__(self, parent: int, restart_marker: Path, interval: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.parent, self.restart_marker, self.interval = parent, restart_marker, interval
-        self.peak = 0
-        self.peak_split: dict[str, int] = {}
-        # The peak of each phase: the growing batches, and the restart (which restores all state).
-        self.phase_peaks = {"growth": 0, "restart": 0}
-        self.phase_splits: dict[str, dict[str, int]] = {"growth": {}, "restart": {}}
-        self.peak_pss = 0
-        # At the peak RSS: the driver JVM's resident heap (up to a second old) and what the JVM's
-        # RSS held besides it (metaspace, code, threads, direct buffers, native libraries).
-        self.heap_at_peak = 0
-        self.outside_heap_at_peak = 0
-        self.heaps: dict[int, HeapWatcher] = {}
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        self._sample()
-
-    def _sample(self) -> None:
-        while not self.stop_event.is_set():
-            # The driver JVM is a direct child of the bench's child process (spark-submit execs java).
-            jvms = [p for p in children_of().get(self.parent, []) if _is_java(p)]
-            split: dict[str, int] = {}
-            pss = 0
-            for jvm in jvms:
-                if jvm not in self.heaps:
-                    self.heaps[jvm] = HeapWatcher(jvm, self.stop_event)
-                    self.heaps[jvm].start()
-                for p in subtree(jvm):
-                    kind = kind_of(p)
-                    if p != jvm and kind == "jvm":
-                        # A child of the JVM that still looks like a JVM is one being spawned (it
-                        # shares the JVM's memory until it execs): counting it would double the JVM.
-                        continue
-                    split[kind] = split.get(kind, 0) + rss_bytes(p)
-                    pss += pss_bytes(p)
-            total = sum(split.values())
-            phase = "restart" if self.restart_marker.exists() else "growth"
-            if total > self.phase_peaks[phase]:
-                self.phase_peaks[phase], self.phase_splits[phase] = total, split
-            if total > self.peak:
-                self.peak, self.peak_split = total, split
-                heap = sum(self.heaps[j].resident for j in jvms)
-                self.heap_at_peak = heap
-                self.outside_heap_at_peak = max(split.get("jvm", 0) - heap, 0) if heap else 0
-            self.peak_pss = max(self.peak_pss, pss)
-            self.stop_event.wait(self.interval)
-
-
-def _is_java(pid: int) -> bool:
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("java")
-    except OSError:
-        return False
-
-
 # -- one provider, in a child process ------------------------------------------------------------
 def child(args: argparse.Namespace) -> None:
     """Runs the workload for one provider in this process's own driver JVM; prints a JSON line."""
-    from pyspark.sql import SparkSession
+    from benchlib.session import start_noop, start_session
 
-    import pystatestore
-
-    provider, extra = PROVIDERS[args.child]
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(f"bench-scale-{args.child}")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stateStore.providerClass", provider)
-    )
+    user = dict(c.split("=", 1) for c in args.conf)  # wins over the provider's confs, not its class
+    session = {"spark.driver.memory": args.driver_memory}
     if args.driver_java_options:
-        builder = builder.config("spark.driver.extraJavaOptions", args.driver_java_options)
-    for k, v in {**extra, **dict(c.split("=", 1) for c in args.conf)}.items():
-        builder = builder.config(k, v)
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+        session["spark.driver.extraJavaOptions"] = args.driver_java_options
+    spark = start_session(
+        f"bench-scale-{args.child}",
+        partitions=args.partitions,
+        sql_conf={k: v for k, v in sql_conf(PROVIDERS[args.child]).items() if k == PROVIDER_CONF or k not in user},
+        **{**session, **user},
+    )
     input_dir, checkpoint = Path(args.input), Path(args.checkpoint)
     result: dict = {"provider": args.child, "completed": False, "batch_ms": [], "restart_ms": None}
 
@@ -296,15 +127,7 @@ def child(args: argparse.Namespace) -> None:
         """Runs the query over all input; appends each batch's progress to `seen` as it completes,
         so a provider that fails part-way still reports how far it got."""
         df = spark.readStream.schema("k long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
-        query = (
-            df.groupBy("k")
-            .count()
-            .writeStream.outputMode("update")
-            .format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = start_noop(df.groupBy("k").count(), checkpoint)
         ids: set[int] = set()
 
         def collect() -> None:
@@ -366,29 +189,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 # -- the run ------------------------------------------------------------------------------------
-def run_sampled(cmd: list[str], restart_marker: Path, timeout: int) -> tuple[str, str, RssSampler, bool, int]:
-    """Runs `cmd` (a child that starts its own driver JVM) while sampling the memory of its process
-    tree; kills the whole tree after `timeout` s. Returns its stdout, stderr, the sampler, whether it
-    timed out, and its exit code."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = RssSampler(proc.pid, restart_marker)
-    sampler.start()
-    timed_out = False
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        for pid in reversed(subtree(proc.pid)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        out, err = proc.communicate()
-    sampler.stop_event.set()
-    sampler.join()
-    return out, err, sampler, timed_out, proc.returncode
-
-
 def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
     restart_marker = work / f"restarting-{name}"
@@ -396,42 +196,38 @@ def run_provider(name: str, args: argparse.Namespace, work: Path) -> dict:
     shutil.rmtree(input_dir, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)  # every run starts from nothing
     write_growth_inputs(input_dir, args.keys_per_batch, args.batches)
-    cmd = [
-        sys.executable,
+    cmd = script_argv(
         __file__,
-        "--child",
-        name,
-        "--input",
-        str(input_dir),
-        "--checkpoint",
-        str(checkpoint),
-        "--restart-marker",
-        str(restart_marker),
-        "--keys-per-batch",
-        str(args.keys_per_batch),
-        "--batches",
-        str(args.batches),
-        "--driver-memory",
-        args.driver_memory,
-        "--partitions",
-        str(args.partitions),
-        f"--driver-java-options={args.driver_java_options}",
-        *[f"--conf={c}" for c in args.conf],
-        *(["--check-state"] if args.check_state else []),
-    ]
+        child=name,
+        input=input_dir,
+        checkpoint=checkpoint,
+        restart_marker=restart_marker,
+        keys_per_batch=args.keys_per_batch,
+        batches=args.batches,
+        driver_memory=args.driver_memory,
+        partitions=args.partitions,
+        driver_java_options=args.driver_java_options,
+        conf=args.conf,
+        check_state=args.check_state,
+    )
     started = time.time()
-    out, err, sampler, timed_out, returncode = run_sampled(cmd, restart_marker, args.timeout)
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"provider": name, "completed": False}
-    if not lines:
+
+    def watch(pid: int) -> list[MemorySampler]:
+        return [MemorySampler(pid, lambda: "restart" if restart_marker.exists() else "growth", PHASES)]
+
+    run = run_child(cmd, timeout=args.timeout, watch=watch)
+    out, err, sampler = run.stdout, run.stderr, run.watchers[0]
+    line = result_line(out)
+    result = json.loads(line) if line else {"provider": name, "completed": False}
+    if not line:
         result["batch_ms"] = [int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("BATCH ")]
-    if timed_out:
+    if run.timed_out:
         result["error"] = f"did not finish within {args.timeout} s (killed)"
-    elif not lines:
-        tail = [ln for ln in (err or "").splitlines() if "Exception" in ln or "Error" in ln][-1:]
-        result["error"] = f"child exited {returncode}: {tail}"
+    elif not line:
+        tail = [ln for ln in err.splitlines() if "Exception" in ln or "Error" in ln][-1:]
+        result["error"] = f"child exited {run.returncode}: {tail}"
     # what the JVM printed (to stdout: HotSpot's tty) as it died, with -XX:+ExitOnOutOfMemoryError
-    result["out_of_memory"] = "java.lang.OutOfMemoryError" in (out or "") + (err or "")
+    result["out_of_memory"] = "java.lang.OutOfMemoryError" in out + err
     result["peak_rss"] = sampler.peak
     result["peak_pss"] = sampler.peak_pss
     result["heap_at_peak"] = sampler.heap_at_peak
@@ -485,14 +281,17 @@ def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f}"
 
 
-def report(results: list[dict], args: argparse.Namespace, command: str) -> str:
+def report(results: list[dict], args: argparse.Namespace, command: str, code: str, load: LoadMonitor) -> str:
     import pyspark
 
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore scale bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: {command}",
+        code_line,
         f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {pyspark.__version__}, local[2], "
         f"{args.partitions} shuffle partitions, spark.driver.memory={args.driver_memory}",
+        load_line,
         f"# workload: groupBy(k).count(), {args.keys_per_batch:,} new keys per batch, {args.batches} batches, "
         "then a restart and one batch of 10,000 rows (half known keys)",
         "# memory: peak RSS of the driver JVM and all its descendants (Python workers included), sampled every 100 ms;",
@@ -589,36 +388,29 @@ def main() -> None:
         help="after the restart, read every state row back through Spark's state data source and check it "
         "against the input",
     )
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--input", help=argparse.SUPPRESS)
-    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
-    ap.add_argument("--restart-marker", help=argparse.SUPPRESS)
+    hidden_options(ap, "--child", "--input", "--checkpoint", "--restart-marker")
     args = ap.parse_args()
     if args.child:
         child(args)
         return
-    if args.pyspark:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import build_jar  # scripts/build_jar.py: finds or installs that minor's pyspark
-
-        build_jar.reexec_under_pyspark(args.pyspark)  # the children inherit its PYTHONPATH
+    reexec_under_pyspark(args.pyspark)  # the children inherit its PYTHONPATH
     command = "python scripts/bench_scale.py " + " ".join(sys.argv[1:])
+    code = code_version()
     work = Path(tempfile.mkdtemp(prefix="pss-bench-scale-"))
     results: list[dict] = []
     try:
         names = args.providers.split(",")
         runs: dict[str, list[dict]] = {name: [] for name in names}
-        for i in range(args.repeat):  # rotating order: no provider always runs first
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                print(f"bench_scale: running {name} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
-                runs[name].append(run_provider(name, args, work))
+        with watching_load() as load:
+            for i in range(args.repeat):  # rotating order: no provider always runs first
+                for name in rotation(names, i):
+                    print(f"bench_scale: running {name} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                    load.phase = name
+                    runs[name].append(run_provider(name, args, work))
         results = [median_run(runs[name]) for name in names]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(results, args, command)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    write_report(report(results, args, command, code, load), args.out)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
