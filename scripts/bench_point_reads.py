@@ -27,16 +27,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build_jar  # noqa: E402 - scripts/ is not a package
+from benchlib import SCRIPTS
+from benchlib.build import build_jar
+from benchlib.report import code_version, provenance, watching_load, write_report
 
-SOURCE = Path(__file__).resolve().parent / "jvm" / "PointReadBench.java"
+SOURCE = SCRIPTS / "jvm" / "PointReadBench.java"
 CASES = ("miss_get", "miss_maybe", "hit_get", "hit_maybe")
 
 
 def run_minor(minor: str, keys: int, rounds: int, runs: str) -> tuple[str, dict[int, dict[str, float]]]:
     """(rocksdbjni jar name, {runs: median microseconds per read of each case}) on `minor`'s rocksdbjni."""
-    jar = sorted(glob.glob(str(build_jar.spark_jars_dir(minor) / "rocksdbjni-*.jar")))[-1]
+    jar = sorted(glob.glob(str(build_jar().spark_jars_dir(minor) / "rocksdbjni-*.jar")))[-1]
     out = subprocess.run(
         ["java", "-cp", jar, str(SOURCE), str(keys), str(rounds), runs], check=True, capture_output=True, text=True
     ).stdout
@@ -56,19 +57,27 @@ def main() -> None:
     ap.add_argument("--pyspark", default="4.1,4.2,4.3")
     ap.add_argument("--out")
     args = ap.parse_args()
+    code = code_version()
+    results = []
+    with watching_load() as load:
+        for minor in args.pyspark.split(","):
+            load.phase = minor
+            results.append((minor, *run_minor(minor, args.keys, args.rounds, args.runs)))
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore point-read bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}",
+        code_line,
         f"# machine: {platform.machine()}, one JVM per Spark minor; {args.keys:,} keys of 10 bytes, values of 12"
         " bytes, written as the worker writes a store (one ingested SST per sorted run, Bloom filters,"
         " partitioned index and filters) and read in a random order with the read views' reader options;"
         f" medians of {args.rounds} rounds, µs per read",
+        load_line,
         "",
         "spark  rocksdbjni             runs  miss: get  keyMayExist first   hit: get  keyMayExist first"
         "   miss ratio  hit ratio",
     ]
-    for minor in args.pyspark.split(","):
-        jar, by_runs = run_minor(minor, args.keys, args.rounds, args.runs)
+    for minor, jar, by_runs in results:
         for runs, m in by_runs.items():
             lines.append(
                 f"{minor:<6} {jar:<22} {runs:>4} {m['miss_get']:>10.2f}  {m['miss_maybe']:>17.2f}  {m['hit_get']:>9.2f}"
@@ -77,10 +86,7 @@ def main() -> None:
             )
     lines.append("")
     lines.append("(ratio: keyMayExist first / get alone; < 1 means the views' way is faster)")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report("\n".join(lines) + "\n", Path(args.out) if args.out else None)
 
 
 if __name__ == "__main__":

@@ -29,34 +29,28 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-STEPS = ("spark-repartition", "pss-repartition", "pss-migrate")
+from benchlib.child import hidden_options, run_child, script_argv
+from benchlib.inputs import stamp_order
+from benchlib.providers import PROVIDERS, sql_conf
+from benchlib.repeats import rotation
+from benchlib.report import code_version, provenance, watching_load, write_report
+
+STEPS = ["spark-repartition", "pss-repartition", "pss-migrate"]
+# benchlib.providers' names: the checkpoints' providers, Spark's RocksDB (which its runner rewrites) and ours
+ROCKSDB, OURS = "rocksdb", "pss-changelog"
 
 
 def session(provider: str, partitions: int) -> Any:
-    from pyspark.sql import SparkSession
+    from benchlib.session import start_session
 
-    import pystatestore
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.driver.memory", "2g")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(partitions))
+    return start_session(
+        f"bench-rewrite-{provider}", partitions=partitions, sql_conf=sql_conf(provider), **{"spark.driver.memory": "2g"}
     )
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def build(args: argparse.Namespace) -> None:
@@ -64,6 +58,8 @@ def build(args: argparse.Namespace) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
+
+    from benchlib.session import start_noop
 
     spark = session(args.provider, args.partitions)
     inp = Path(args.input)
@@ -73,20 +69,15 @@ def build(args: argparse.Namespace) -> None:
         for i, (lo, hi) in enumerate([(0, half), (half // 2, args.keys)]):  # the second batch updates a quarter
             keys = pa.array([f"key-{k:09d}" for k in range(lo, hi)])
             pq.write_table(pa.table({"k": keys, "v": pa.array(range(lo, hi), pa.int64())}), inp / f"part-{i}.parquet")
-            os.utime(inp / f"part-{i}.parquet", (1_700_000_000 + i, 1_700_000_000 + i))
-    q = (
+            stamp_order(inp / f"part-{i}.parquet", i)
+    counts = (
         spark.readStream.schema("k string, v long")
         .option("maxFilesPerTrigger", 1)
         .parquet(str(inp))
         .groupBy("k")
         .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
-    q.awaitTermination()
+    start_noop(counts, args.checkpoint).awaitTermination()
     spark.stop()
 
 
@@ -105,7 +96,7 @@ def check(args: argparse.Namespace) -> None:
     ckpt = Path(args.checkpoint)
     last = max(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
     conf = json.loads((ckpt / "offsets" / str(last)).read_text().splitlines()[1])["conf"]
-    assert conf["spark.sql.streaming.stateStore.providerClass"] == args.provider, conf
+    assert conf["spark.sql.streaming.stateStore.providerClass"] == PROVIDERS[args.provider].cls, conf
     assert conf["spark.sql.shuffle.partitions"] == str(args.to_partitions), conf
     spark = session(args.provider, args.to_partitions)
     state = spark.read.format("statestore").load(str(ckpt))
@@ -123,19 +114,17 @@ def check(args: argparse.Namespace) -> None:
     spark.stop()
 
 
-def run(cmd: list[str], timeout: int) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return time.perf_counter() - started
+def run(argv: list[str], timeout: int) -> float:
+    """The wall time of `python argv...` (its process, and its driver JVM where it starts Spark)."""
+    done = run_child(argv, timeout=timeout)
+    if done.timed_out or done.returncode != 0:
+        why = f"no end within {timeout} s" if done.timed_out else f"exit {done.returncode}"
+        raise SystemExit(f"failed ({why}): {' '.join(argv)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.seconds
 
 
 def child(step: str, **kw: Any) -> list[str]:
-    cmd = [sys.executable, __file__, "--child", step]
-    for k, v in kw.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
-    return cmd
+    return script_argv(__file__, child=step, **kw)
 
 
 def main() -> None:
@@ -147,9 +136,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", choices=["build", "spark-repartition", "check"], help=argparse.SUPPRESS)
-    ap.add_argument("--provider", help=argparse.SUPPRESS)
-    ap.add_argument("--input", help=argparse.SUPPRESS)
-    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    hidden_options(ap, "--provider", "--input", "--checkpoint")
     args = ap.parse_args()
     if args.child:
         {"build": build, "spark-repartition": spark_repartition, "check": check}[args.child](args)
@@ -157,81 +144,66 @@ def main() -> None:
 
     import pyspark
 
-    import pystatestore
-
+    code = code_version()
     work = Path(tempfile.mkdtemp(prefix="bench-rewrite-"))
     started = time.time()
+    sources = {ROCKSDB: work / "ckpt-rocksdb", OURS: work / "ckpt-pystatestore"}
+    cli = ["-m", "pystatestore.tools.cli"]
     try:
-        sources = {"rocksdb": work / "ckpt-rocksdb", "pystatestore": work / "ckpt-pystatestore"}
-        build_s = {}
-        for name, ckpt in sources.items():
-            provider = ROCKSDB if name == "rocksdb" else pystatestore.PROVIDER_CLASS
-            build_s[name] = run(
-                child(
+        with watching_load() as load:
+            build_s = {}
+            for provider, ckpt in sources.items():
+                load.phase = f"{provider} build"
+                argv = child(
                     "build",
                     provider=provider,
                     partitions=args.partitions,
                     keys=args.keys,
                     input=work / "in",
                     checkpoint=ckpt,
-                ),
-                args.timeout,
-            )
-        cli = [sys.executable, "-m", "pystatestore.tools.cli"]
-        times: dict[str, list[float]] = {s: [] for s in STEPS}
-        for r in range(args.repeat):
-            for step in STEPS[r % len(STEPS) :] + STEPS[: r % len(STEPS)]:  # rotating order
-                out = work / f"out-{step}-{r}"
-                if step == "spark-repartition":
-                    shutil.copytree(sources["rocksdb"], out)  # Spark's runner writes in place
-                    cmd = child(
-                        "spark-repartition",
-                        checkpoint=out,
-                        partitions=args.partitions,
-                        to_partitions=args.to_partitions,
-                    )
-                    provider = ROCKSDB
-                elif step == "pss-repartition":
-                    cmd = [
-                        *cli,
-                        "repartition",
-                        str(sources["pystatestore"]),
-                        "--partitions",
-                        str(args.to_partitions),
-                        "-o",
-                        str(out),
-                        "--master",
-                        "local[2]",
-                    ]
-                    provider = pystatestore.PROVIDER_CLASS
-                else:
-                    cmd = [
-                        *cli,
-                        "migrate",
-                        str(sources["rocksdb"]),
-                        "--to",
-                        "pystatestore",
-                        "-o",
-                        str(out),
-                        "--master",
-                        "local[2]",
-                    ]
-                    provider = pystatestore.PROVIDER_CLASS
-                times[step].append(run(cmd, args.timeout))
-                to = args.to_partitions if step != "pss-migrate" else args.partitions
-                run(child("check", checkpoint=out, provider=provider, keys=args.keys, to_partitions=to), args.timeout)
-                shutil.rmtree(out)
+                )
+                build_s[provider] = run(argv, args.timeout)
+            times: dict[str, list[float]] = {s: [] for s in STEPS}
+            for r in range(args.repeat):
+                for step in rotation(STEPS, r):
+                    load.phase = step
+                    out = work / f"out-{step}-{r}"
+                    if step == "spark-repartition":
+                        shutil.copytree(sources[ROCKSDB], out)  # Spark's runner writes in place
+                        argv = child(
+                            "spark-repartition",
+                            checkpoint=out,
+                            partitions=args.partitions,
+                            to_partitions=args.to_partitions,
+                        )
+                        provider = ROCKSDB
+                    elif step == "pss-repartition":
+                        argv = [*cli, "repartition", str(sources[OURS]), "--partitions", str(args.to_partitions),
+                                "-o", str(out), "--master", "local[2]"]  # fmt: skip
+                        provider = OURS
+                    else:
+                        argv = [*cli, "migrate", str(sources[ROCKSDB]), "--to", "pystatestore", "-o", str(out),
+                                "--master", "local[2]"]  # fmt: skip
+                        provider = OURS
+                    times[step].append(run(argv, args.timeout))
+                    to = args.to_partitions if step != "pss-migrate" else args.partitions
+                    check_argv = child("check", checkpoint=out, provider=provider, keys=args.keys, to_partitions=to)
+                    run(check_argv, args.timeout)
+                    shutil.rmtree(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {s: statistics.median(v) for s, v in times.items()}
     base = med["spark-repartition"]
+    code_line, load_line = provenance(code, load)
     lines = [
         f"# pystatestore rewrite benchmark, {dt.date.today()}, Spark {pyspark.__version__}, {platform.node()} "
         f"({os.cpu_count()} cores), local[2]",
         f"# command: .venv/bin/python scripts/bench_rewrite.py --keys {args.keys} --partitions {args.partitions} "
         f"--to-partitions {args.to_partitions} --repeat {args.repeat}   ({(time.time() - started) / 60:.0f} min wall)",
+        code_line,
+        load_line,
         f"# workload: aggregation, {args.keys:,} keys, {args.partitions} partitions; checkpoints built in "
-        f"{build_s['rocksdb']:.0f} s (RocksDB) and {build_s['pystatestore']:.0f} s (pystatestore)",
+        f"{build_s[ROCKSDB]:.0f} s (RocksDB) and {build_s[OURS]:.0f} s (pystatestore)",
         "# each step: the wall time of its own process (and driver JVM start where it starts Spark; "
         "pss-repartition starts none), every result checked",
         f"{'step':<20}{'median s':>10}{'min s':>10}{'max s':>10}{'vs Spark':>10}",
@@ -243,10 +215,7 @@ def main() -> None:
         f"pss-repartition vs spark-repartition: {med['pss-repartition'] / base:.2f}x (goal <= 0.5x); "
         f"pss-migrate (RocksDB -> pystatestore) vs spark-repartition: {med['pss-migrate'] / base:.2f}x (goal <= 1.0x)"
     )
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    write_report("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -18,22 +18,14 @@ line with the maximum, against versions / minDeltasForSnapshot (what is due).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def build_jar_module():  # noqa: ANN201 - loaded by path, so the script runs from a clone
-    spec = importlib.util.spec_from_file_location("build_jar", ROOT / "scripts" / "build_jar.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchlib.build import reexec_under_pyspark
+from benchlib.inputs import stamp_order
 
 
 def snapshots_per_store(state_dir: Path, commit_mode: str) -> dict[str, tuple[int, int]]:
@@ -62,14 +54,12 @@ def main() -> int:
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--workdir", help="keep the checkpoint here (default: a temporary directory)")
     args = ap.parse_args()
-    if args.pyspark:
-        build_jar_module().reexec_under_pyspark(args.pyspark)
+    reexec_under_pyspark(args.pyspark)
 
     import pyspark
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import pystatestore
+    from benchlib.session import start_noop, start_session
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pss-cadence-"))
     input_dir, checkpoint = work / "in", work / "ckpt"
@@ -78,22 +68,19 @@ def main() -> int:
         (input_dir / f"b{b:05d}.json").write_text(
             "".join(json.dumps({"key": f"k{(b * 7 + i) % 200}", "value": i}) + "\n" for i in range(50))
         )
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("pystatestore-snapshot-cadence")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", args.maintenance)
-        .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", str(args.min_deltas))
-        .config("spark.sql.streaming.minBatchesToRetain", str(args.batches * 10))
-        .config("spark.sql.streaming.stateStore.pystatestore.commitMode", args.commit_mode)
+    spark = start_session(
+        "pystatestore-snapshot-cadence",
+        partitions=args.partitions,
+        **{
+            "spark.sql.streaming.stateStore.maintenanceInterval": args.maintenance,
+            "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(args.min_deltas),
+            "spark.sql.streaming.minBatchesToRetain": str(args.batches * 10),
+            "spark.sql.streaming.stateStore.pystatestore.commitMode": args.commit_mode,
+        },
     )
-    spark = pystatestore.configure_spark(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
     files = sorted(input_dir.iterdir())
-    for i, f in enumerate(files):  # the file source orders files by modification time
-        os.utime(f, (1_700_000_000 + i, 1_700_000_000 + i))
+    for i, f in enumerate(files):
+        stamp_order(f, i)
     counts = (
         spark.readStream.schema("key string, value long")
         .option("maxFilesPerTrigger", 1)
@@ -101,13 +88,7 @@ def main() -> int:
         .groupBy("key")
         .agg(F.sum("value").alias("total"))
     )
-    query = (
-        counts.writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start_noop(counts, checkpoint)
     query.awaitTermination()
     forced = made = 0
     for p in query.recentProgress:
