@@ -1,0 +1,198 @@
+"""What one chaos run does, all drawn from its seed: a query (aggregation in update mode,
+dropDuplicates with a watermark, applyInPandasWithState with event-time timeouts, a stream-stream
+join), a commit mode, where the query stops and restarts, and faults from the menu below; then
+what each drawn fault needs set up to fire at all."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from test_e2e import aggregation, pandas_sessions
+
+FILES = 9  # input files, one micro-batch each
+# minBatchesToRetain drawn for a retention run: 2-3 of about 9 batches. Run seed 838789598 drew 5
+# and its garbage collection deleted nothing while the query ran (at 4 a run deletes about one
+# version per store, no margin).
+RETAIN_DRAW = (2, 3)
+COMMIT_POINTS = [
+    "commit:applied",
+    "commit:flushed",
+    "commit:checkpointed",
+    "commit:uploaded",
+    "commit:manifest-written",
+    # durable first (decision 0032): after the reply, while the worker applies the version
+    "apply:written",
+    "apply:ingested",
+    "apply:checkpointed",
+]
+APPLY_POINTS = COMMIT_POINTS[-3:]
+RESTORE_POINTS = ["restore:file", "restore:replayed", "download:file"]
+
+# Faults inside the state workers, through the fault seam: each draws its rule's details. "after"
+# lets the point pass that many times first, so the fault lands at a random commit or restore.
+SEAM_FAULTS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "worker-exit-mid-commit": lambda r: {"point": r.choice(COMMIT_POINTS), "action": "exit", "after": r.randrange(8)},
+    "worker-exit-mid-restore": lambda r: {"point": r.choice(RESTORE_POINTS), "action": "exit", "after": r.randrange(3)},
+    "apply-fails": lambda r: {"point": r.choice(APPLY_POINTS), "action": "fail", "after": r.randrange(8), "times": 2},
+    "upload-fails": lambda r: {"point": "upload:file", "action": "fail", "after": r.randrange(4), "times": 2},
+    "upload-partial": lambda r: {"point": "upload:chunk", "action": "fail", "after": r.randrange(4)},
+    "upload-slow": lambda r: {
+        "point": "upload:file",
+        "action": "sleep",
+        "seconds": round(r.uniform(0.5, 3), 2),
+        "after": r.randrange(4),
+        "times": 3,
+    },
+    "download-fails": lambda r: {"point": "download:file", "action": "fail", "after": r.randrange(2)},
+    "download-partial": lambda r: {"point": "download:chunk", "action": "fail", "after": r.randrange(2)},
+    "local-disk-full": lambda r: {"point": "local-save:moved", "action": "enospc", "after": r.randrange(2)},
+}
+RESTORE_FAULTS = {"worker-exit-mid-restore", "download-fails", "download-partial"}
+OTHER_FAULTS = ["kill-executor", "local-copy-damage", "maintenance-tiny-grace", "stop-restart"]
+
+
+def dedup_with_watermark(df: DataFrame) -> DataFrame:
+    return df.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"]).select("id", "key", "value", "ts")
+
+
+def stream_join(df: DataFrame) -> DataFrame:
+    """An inner stream-stream join on the key within 2 s of event time: four state stores per
+    partition (each side's keys and values), evicted as the watermark passes."""
+    left = df.where("id % 2 = 0").select(
+        F.col("key").alias("lkey"), F.col("ts").alias("lts"), F.col("value").alias("lv")
+    )
+    right = df.where("id % 2 = 1").select(
+        F.col("key").alias("rkey"), F.col("ts").alias("rts"), F.col("value").alias("rv")
+    )
+    return left.withWatermark("lts", "10 seconds").join(
+        right.withWatermark("rts", "10 seconds"),
+        F.expr("lkey = rkey AND rts BETWEEN lts - INTERVAL 2 SECONDS AND lts + INTERVAL 2 SECONDS"),
+    )
+
+
+SCENARIOS: dict[str, tuple[Callable[[DataFrame], DataFrame], str]] = {
+    "aggregation_update": (aggregation, "update"),
+    "dedup_watermark": (dedup_with_watermark, "append"),
+    "pandas_timeouts": (pandas_sessions, "update"),
+    "stream_join": (stream_join, "append"),
+}
+
+
+@dataclass
+class Plan:
+    """What one run does, all drawn from its seed."""
+
+    seed: int
+    scenario: str
+    mode: str
+    stops: list[int]  # after this many input files the query stops and restarts
+    rules: list[dict[str, Any]] = field(default_factory=list)  # the worker fault seam's rules
+    executor_kills: list[int] = field(default_factory=list)  # batches after which an executor dies
+    local_copy_damage: str | None = None  # "flip" / "delete", between phases
+    tiny_grace: bool = False
+    local_recovery: bool = True  # off where a fault needs restores to download
+    # Stops kill the application's executors, so the restarted query restores every store (from
+    # local copies or downloads) instead of finding it still open in a live worker.
+    cold_stops: bool = False
+    inline_bytes: int | None = None  # 0: every changelog commit and small file is uploaded as a file
+    retain: int | None = None  # minBatchesToRetain, with maintenance every second (None: Spark's 100)
+    local_copy_interval: int | None = None  # 1: a local copy of every version (faults on local copies)
+
+    def describe(self) -> str:
+        parts = [f"{r['fault']} ({r['action']} at {r['point']}, after {r.get('after', 0)})" for r in self.rules]
+        parts += [f"kill-executor@batch{b}" for b in self.executor_kills]
+        if self.local_copy_damage:
+            parts.append(f"local-copy-{self.local_copy_damage}@stops")
+        if not self.local_recovery:
+            parts.append("no local recovery")
+        if self.tiny_grace:
+            parts.append("maintenance-grace-10s")
+        if self.retain is not None:
+            parts.append(f"minBatchesToRetain={self.retain}")
+        if self.inline_bytes == 0:
+            parts.append("changes in files")
+        if self.local_copy_interval is not None:
+            parts.append(f"local copy every {self.local_copy_interval} version(s)")
+        stops = ",".join(map(str, self.stops)) or "none"
+        if self.stops and self.cold_stops:
+            stops += " (executors killed at each stop)"
+        return f"{self.scenario}/{self.mode}, stops after files {stops}; faults: {'; '.join(parts) or 'none'}"
+
+
+def draw(seed: int, tag: str) -> Plan:
+    rnd = random.Random(seed)
+    plan = Plan(
+        seed=seed,
+        scenario=rnd.choice(sorted(SCENARIOS)),
+        mode=rnd.choice(["changelog", "snapshot"]),
+        stops=sorted(rnd.sample(range(2, FILES - 1), rnd.randint(0, 2))),
+    )
+    for fault in rnd.sample(sorted(SEAM_FAULTS) + OTHER_FAULTS, rnd.randint(1, 3)):
+        if fault in SEAM_FAULTS:
+            rule = {"store": tag, "fault": fault, **SEAM_FAULTS[fault](rnd)}
+            if rule["point"] == "restore:replayed" and plan.mode == "snapshot":
+                rule["point"] = "restore:file"  # snapshot commits have no changes to replay
+            plan.rules.append(rule)
+            if fault in RESTORE_FAULTS:  # restores happen where a query restarts
+                plan.stops = plan.stops or [rnd.randrange(2, FILES - 1)]
+                plan.local_recovery = plan.local_recovery and not fault.startswith("download")
+        elif fault == "kill-executor":
+            plan.executor_kills = sorted(rnd.sample(range(1, FILES - 1), rnd.randint(1, 2)))
+        elif fault == "local-copy-damage":
+            plan.local_copy_damage = rnd.choice(["flip", "delete"])
+            if not plan.stops:
+                plan.stops = [rnd.randrange(2, FILES - 1)]
+        elif fault == "maintenance-tiny-grace":
+            plan.tiny_grace = True
+        elif fault == "stop-restart":
+            plan.stops = sorted(set(plan.stops) | {rnd.randrange(1, FILES)})
+    # Drawn last, so that a seed's earlier draws stay what they were before these existed.
+    restores_matter = plan.local_copy_damage is not None or any(r["fault"] in RESTORE_FAULTS for r in plan.rules)
+    plan.cold_stops = restores_matter or rnd.random() < 0.5
+    plan.inline_bytes = rnd.choice([None, 0])
+    plan.retain = rnd.randint(*RETAIN_DRAW) if rnd.random() < 0.7 else None
+    make_every_fault_fire(plan)
+    return plan
+
+
+def make_every_fault_fire(plan: Plan) -> None:
+    """Sets up what each drawn fault needs to happen: a download, or a replay at a restore, needs
+    the restore to read the checkpoint (no local copies); a fault on restoring from or saving local
+    copies, or damage to them, needs a copy of every version; a transfer fault needs files to
+    transfer (changes and small files are otherwise stored inside manifests)."""
+    if any(r["point"].startswith("download:") or r["point"] == "restore:replayed" for r in plan.rules):
+        plan.local_recovery = False
+    if not plan.local_recovery:
+        # Without local copies a restore downloads: the fault goes where the files come from.
+        for rule in plan.rules:
+            if rule["point"] == "restore:file":
+                rule["point"] = "download:file"
+    for rule in plan.rules:
+        if rule["point"].startswith("download:") or rule["point"] == "restore:replayed":
+            # A worker's restore may download one small file and nothing else (one store restored
+            # from its compact snapshot: run seed 5685375 drew "after 2", then "after 1", and
+            # neither fired); every restore from the checkpoint downloads a first one. "after"
+            # counts in each worker process, and a worker may restore one store only, replaying
+            # once (run seed 1558735515 drew restore:replayed "after 2": 3 stores over 2
+            # executors, and it never fired): every restore of a changelog store replays.
+            rule["after"] = 0
+        plan.rules = [r for r in plan.rules if r["point"] != "local-save:moved"]
+        plan.local_copy_damage = None
+    for rule in plan.rules:
+        point = rule["point"]
+        if point.startswith(("upload:", "download:")) or point == "restore:file":
+            plan.inline_bytes = 0
+        if point in ("restore:file", "local-save:moved"):
+            plan.local_copy_interval = 1
+        if point == "restore:replayed":
+            # Frequent snapshots could leave nothing to replay: the restore would start at the
+            # very version it restores.
+            plan.retain = None
+    if plan.local_copy_damage is not None:
+        plan.local_copy_interval = 1
