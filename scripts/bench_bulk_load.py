@@ -286,7 +286,7 @@ def main() -> None:
                         if any("error" in r for r in runs[name]):
                             continue  # a provider that failed at this size (out of memory, timed out) is not run again
                         print(f"bench_bulk_load: {keys:,} keys, {name} ({i + 1}/{args.repeat})", file=sys.stderr)
-                        load.phase = f"{name} {keys:,}"
+                        load.phase = f"{name}@{keys}"
                         r = run_once(name, keys, args, work)
                         print(f"  first batch {r.get('batch_ms', r.get('error'))}", file=sys.stderr, flush=True)
                         runs[name].append(r)
