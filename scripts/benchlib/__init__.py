@@ -2,13 +2,16 @@
 its verdicts (what it measures and how it judges).
 
 - `providers`: the state store providers the benchmarks compare and the confs each runs with;
-- `session`: a child's SparkSession (the driver JVM of one provider's query) and its progress;
+- `session`: a child's SparkSession (the driver JVM of one provider's query), its queries to the
+  noop sink, a record of its progress; `progress`: a batch's figures from its progress report;
 - `child`: running a child process (its own driver JVM) with samplers on it, a timeout that ends
   its whole process tree, and its output;
 - `procfs`: a process tree and its figures from /proc (RSS, PSS, descriptors, threads, CPU ticks);
 - `samplers`: threads that sample them while a child runs (peak memory, the machine's load);
+- `jvm`: what a driver JVM tells of itself (its heap's resident part, its GC log);
 - `repeats`: the order providers run in across repeats, and medians with their ranges;
-- `report`: the header lines every output carries (command, code version, machine load);
+- `report`: the header lines every output carries besides its own (the code, the machine's load), and
+  writing the output;
 - `build`: scripts/build_jar.py, loaded by path (another Spark minor's pyspark, compiled jars);
 - `inputs`: input files the file source reads in order;
 - `queries` and `query`: bench.py's streaming queries, and one of them run in a JVM of its own
