@@ -104,9 +104,9 @@ def commit_phases(raw: dict[str, Any], partitions: int) -> list[str]:
     return lines
 
 
-def growth(ws: list[dict[str, float]], key: str) -> float:
-    """The last window's figure over the first steady window's (window 2 of the run)."""
-    return ws[-1][key] / max(ws[1][key], 1e-9) if len(ws) >= 2 else float("nan")
+def window_name(w: dict[str, Any]) -> str:
+    """A window as its batches, a partial one marked: "batches 800-847, partial"."""
+    return f"batches {w['first']}-{w['last']}" + (", partial" if w["partial"] else "")
 
 
 def report_lines(raws: dict[str, dict[str, Any]], partitions: int) -> list[str]:
@@ -154,19 +154,20 @@ def report_lines(raws: dict[str, dict[str, Any]], partitions: int) -> list[str]:
 
 def goals_met(table: dict[str, list[dict[str, Any]]], raws: dict[str, dict[str, Any]]) -> list[tuple[str, bool | None]]:
     """Issue 29's goals, each (text, verdict): True met, False missed, None not measured (too few
-    windows to compare)."""
-    # Goals compare windows of at least half a window's batches: a short tail says little.
-    ours, theirs = (
-        [w for w in table.get(name, []) if w["last"] - w["first"] + 1 >= WINDOW / 2] for name in (OURS, THEIRS)
-    )
+    windows to compare). Every window from the first steady one (window 2: window 1 holds the load
+    batch and the warm-up) is judged, a trailing partial window too, and the worst is named: a
+    verdict on the last window alone would miss a bad one before it."""
+    ours, theirs = table.get(OURS, []), table.get(THEIRS, [])
     goals: list[tuple[str, bool | None]] = []
     if len(ours) >= 2:
-        first_steady, last = ours[1], ours[-1]
+        base, steady = ours[1], ours[1:]
+        worst = max(steady, key=lambda w: w["commit_ms"])
         goals.append(
             (
-                f"ours: last window's commit p50 {last['commit_ms']:.1f} ms is "
-                f"{last['commit_ms'] / first_steady['commit_ms']:.2f}x the first steady window's (goal <= 1.10x)",
-                last["commit_ms"] <= 1.1 * first_steady["commit_ms"],
+                f"ours: commit p50 of every window from the first steady one, worst {worst['commit_ms']:.1f} ms "
+                f"({window_name(worst)}) is {worst['commit_ms'] / base['commit_ms']:.2f}x the first steady "
+                f"window's (goal <= 1.10x)",
+                worst["commit_ms"] <= 1.1 * base["commit_ms"],
             )
         )
         for key, label in (
@@ -176,15 +177,21 @@ def goals_met(table: dict[str, list[dict[str, Any]]], raws: dict[str, dict[str, 
             ("bytes", "checkpoint bytes"),
             ("files", "checkpoint files"),
         ):
-            g = growth(ours, key)
+            worst = max(steady, key=lambda w, key=key: w[key])
+            g = worst[key] / max(base[key], 1e-9)
             split = ""
-            if key == "rss" and not math.isnan(ours[-1]["jvm_rss"] + ours[1]["jvm_rss"]):
+            if key == "rss" and not math.isnan(worst["jvm_rss"] + base["jvm_rss"]):
                 # whose memory grew: the JVM's (heap, Spark, our views) or the workers' under it
-                jvm = [ours[i]["jvm_rss"] / 2**20 for i in (1, -1)]
-                rest = [ours[i]["rss"] / 2**20 - jvm[n] for n, i in enumerate((1, -1))]
+                jvm = [w["jvm_rss"] / 2**20 for w in (base, worst)]
+                rest = [w["rss"] / 2**20 - jvm[n] for n, w in enumerate((base, worst))]
                 split = f"; the JVM {jvm[0]:.0f} -> {jvm[1]:.0f} MiB, the rest (workers) {rest[0]:.0f} -> {rest[1]:.0f}"
+            from_first = worst[key] / max(ours[0][key], 1e-9)
             goals.append(
-                (f"ours: {label} last window / first steady window {g:.3f}x (goal <= 1.05x){split}", g <= 1.05)
+                (
+                    f"ours: {label}, worst window ({window_name(worst)}) / first steady window {g:.3f}x "
+                    f"(goal <= 1.05x; over window 1, load included: {from_first:.3f}x){split}",
+                    g <= 1.05,
+                )
             )
     else:
         goals.append(
@@ -194,8 +201,8 @@ def goals_met(table: dict[str, list[dict[str, Any]]], raws: dict[str, dict[str, 
         ratio = ours[-1]["commit_ms"] / theirs[-1]["commit_ms"]
         goals.append(
             (
-                f"ours vs Spark RocksDB changelog, last windows: commit p50 {ratio:.2f}x (goal <= 0.50x), batch "
-                f"{ours[-1]['batch_ms'] / theirs[-1]['batch_ms']:.2f}x",
+                f"ours vs Spark RocksDB changelog, last windows ({window_name(ours[-1])}; {window_name(theirs[-1])}): "
+                f"commit p50 {ratio:.2f}x (goal <= 0.50x), batch {ours[-1]['batch_ms'] / theirs[-1]['batch_ms']:.2f}x",
                 ratio <= 0.5,
             )
         )
