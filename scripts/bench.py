@@ -56,7 +56,7 @@ from typing import Any
 
 from benchlib.build import reexec_under_pyspark
 from benchlib.progress import batch_ms, custom_metric, started_at
-from benchlib.providers import FORMAT_CONF, HDFS, PROVIDERS, PSS, sql_conf
+from benchlib.providers import FORMAT_CONF, HDFS, OURS, PROVIDERS, PSS, Provider, sql_conf
 from benchlib.queries import RESTARTS, WARMUP_BATCHES, WORKLOAD_TEXT, WORKLOADS, compile_session_buffers, write_inputs
 from benchlib.query import MAINTENANCE, PARTITIONS, RETAIN, run_query_in_own_jvm
 from benchlib.repeats import medians_over, range_text, spread_rotation
@@ -64,7 +64,11 @@ from benchlib.report import code_version, provenance, watching_load, write_repor
 from benchlib.samplers import Sampler
 from pystatestore.spark_minors import BUILT_AGAINST
 
-OUR_RUNS = tuple(name for name, provider in PROVIDERS.items() if provider.ours)
+
+def our_runs() -> tuple[str, ...]:
+    return tuple(name for name, provider in PROVIDERS.items() if provider.ours)
+
+
 BASELINES = ("hdfs", "rocksdb", "rocksdb-changelog")
 # Durable first (decision 0032), the SST, ingest and checkpoint come after the worker's reply, and
 # the next batch's first read of the store waits for them if they are not done; otherwise (snapshot
@@ -89,6 +93,7 @@ RESTORE_METRICS = {
     "replayed_versions": "pystatestoreRestoreChangelogVersions",
     "restore_local_bytes": "pystatestoreRestoreLocalBytes",
     "restore_remote_bytes": "pystatestoreRestoreRemoteBytes",
+    "restore_inline_bytes": "pystatestoreRestoreInlineBytes",
     "restore_remote_files": "pystatestoreRestoreRemoteFiles",
     "restore_worker_ms": "pystatestoreRestoreMs",
 }
@@ -244,7 +249,8 @@ def restored_from(name: str, r: dict[str, Any]) -> str:
     if not PROVIDERS[name].ours:
         return "checkpoint (new JVM)"
     return (
-        f"local {r['restore_local_bytes'] / 1024:.0f} KiB, ckpt {r['restore_remote_bytes'] / 1024:.0f} KiB, "
+        f"local {r['restore_local_bytes'] / 1024:.0f} KiB, ckpt {r['restore_remote_bytes'] / 1024:.0f} KiB "
+        f"files + {max(r['restore_inline_bytes'], 0) / 1024:.0f} KiB inside manifests, "
         f"worker {r['restore_worker_ms']:.0f} ms"
     )
 
@@ -286,7 +292,7 @@ def report(
             f"{range_text(r, 'restart_ms', '.0f'):>14}"
         )
     lines += ["", "ratios (ours / built-in; < 1 means ours is lower):"]
-    for ours_name in [n for n in OUR_RUNS if n in results]:
+    for ours_name in [n for n in our_runs() if n in results]:
         ours = results[ours_name]
         for name in [n for n in BASELINES if n in results]:
             r = results[name]
@@ -298,7 +304,7 @@ def report(
                 f"bytes {ours['checkpoint_bytes'] / max(r['checkpoint_bytes'], 1):.2f}x  "
                 f"restart {ours['restart_ms'] / max(r['restart_ms'], 1):.2f}x"
             )
-    for ours_name in [n for n in OUR_RUNS if n in results]:
+    for ours_name in [n for n in our_runs() if n in results]:
         ours = results[ours_name]
         lines += [
             "",
@@ -358,7 +364,24 @@ def main() -> None:
         help=f"comma-separated runs to compare (default: every one the workload and format allow): "
         f"{', '.join(PROVIDERS)}",
     )
+    ap.add_argument(
+        "--ours-from",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a run NAME of pystatestore's default commits whose state workers import the package from DIR "
+        "(another checkout's python/): two versions of the worker in one run (the jar is this checkout's)",
+    )
     args = ap.parse_args()
+    for variant in args.ours_from:
+        name, _, directory = variant.partition("=")
+        if not name or not Path(directory, "pystatestore", "__init__.py").is_file():
+            ap.error(f"--ours-from {variant}: want NAME=DIR, DIR holding a pystatestore package")
+        PROVIDERS[name] = Provider(
+            OURS,
+            {PSS + "commitMode": "changelog", PSS + "pythonPath": str(Path(directory).resolve())},
+            f"pystatestore commitMode=changelog, its worker's package from {directory}",
+        )
     reexec_under_pyspark(args.pyspark)
     code = code_version()
     touched = max(1, int(args.keys * args.touched_pct / 100))
@@ -397,7 +420,7 @@ def main() -> None:
                 )
         results = {name: {"spark": runs[0]["spark"], **medians_over(runs)} for name, runs in per_run.items()}
         load.phase = "the floor"
-        floors = {name: commit_floor_ms(results[name]["commit_bytes"], work) for name in OUR_RUNS if name in results}
+        floors = {name: commit_floor_ms(results[name]["commit_bytes"], work) for name in our_runs() if name in results}
     shutil.rmtree(work, ignore_errors=True)
     spark_version = results[names[0]]["spark"]
 
@@ -409,6 +432,7 @@ def main() -> None:
         + (f" --workload {args.workload}" if args.workload != "aggregation" else "")
         + (f" --runs {args.runs}" if args.runs else "")
         + (f" --restarts {args.restarts}" if args.restarts != RESTARTS else "")
+        + "".join(f" --ours-from {variant}" for variant in args.ours_from)
     )
     code_line, load_line = provenance(code, load)
     lines = [

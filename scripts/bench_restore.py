@@ -92,7 +92,11 @@ def main() -> None:
                         "restore_ms": m.get("pystatestoreRestoreMs", 0) / PARTITIONS,
                         "load_ms": m.get("pystatestoreLoadMs", 0) / PARTITIONS,
                         "local_mb": m.get("pystatestoreRestoreLocalBytes", 0) / 2**20,
-                        "remote_mb": m.get("pystatestoreRestoreRemoteBytes", 0) / 2**20,
+                        # files and the changes stored inside manifests: both come from the checkpoint
+                        "remote_mb": (
+                            m.get("pystatestoreRestoreRemoteBytes", 0) + m.get("pystatestoreRestoreInlineBytes", 0)
+                        )
+                        / 2**20,
                     }
                 )
     results = {name: medians_over(runs) for name, runs in samples.items()}

@@ -168,6 +168,7 @@ def child(args: argparse.Namespace) -> None:
             restored = restarted[0]["stateOperators"][0].get("customMetrics", {})
             result["restored_local_bytes"] = restored.get("pystatestoreRestoreLocalBytes")
             result["restored_remote_bytes"] = restored.get("pystatestoreRestoreRemoteBytes")
+            result["restored_inline_bytes"] = restored.get("pystatestoreRestoreInlineBytes")
             result["keys_after_restart"] = restarted[0]["stateOperators"][0]["numRowsTotal"]
             # Where the restart batch's time went: Spark's split of the batch, the state operator's
             # own times, and ours (restore, load) from the custom metrics.
@@ -268,7 +269,7 @@ def median_run(runs: list[dict]) -> dict:
         merged["max_batch_ms"] = max(max(r["batch_ms"]) for r in done if r.get("batch_ms"))
     restarts = [r["restart_ms"] for r in done if r.get("restart_ms")]
     merged["restart_ms"] = statistics.median(restarts) if restarts else None
-    for key in ("restored_local_bytes", "restored_remote_bytes"):
+    for key in ("restored_local_bytes", "restored_remote_bytes", "restored_inline_bytes"):
         values = [r[key] for r in done if r.get(key) is not None]
         merged[key] = statistics.median(values) if values else None
     errors = [r["error"] for r in runs if r.get("error")]
@@ -337,7 +338,9 @@ def report(results: list[dict], args: argparse.Namespace, command: str, code: st
             if r.get("restored_local_bytes") is not None:
                 where = (
                     f"{r['restored_local_bytes'] / 2**20:,.1f} MiB from its local recovery copies, "
-                    f"{(r.get('restored_remote_bytes') or 0) / 2**20:,.1f} MiB from the checkpoint"
+                    f"{(r.get('restored_remote_bytes') or 0) / 2**20:,.1f} MiB of files and "
+                    f"{(r.get('restored_inline_bytes') or 0) / 2**20:,.1f} MiB of changes inside manifests "
+                    "from the checkpoint"
                 )
             else:
                 where = "the checkpoint (new provider instances of the restarted query, nothing local)"

@@ -44,7 +44,7 @@ OTHER_MINOR_TESTS=(
   tests/test_faults.py
   "tests/test_coordinator.py::test_snapshots_are_reported_so_spark_never_forces_them[local-cluster[2,1,1024]-changelog]"
   "tests/test_coordinator.py::test_a_commit_that_makes_a_snapshot_due_gets_it_without_waiting_for_maintenance"
-  "tests/test_local_recovery_spark.py::test_a_same_host_restart_reads_no_data_from_the_checkpoint[changelog]"
+  "tests/test_local_recovery_spark.py::test_a_same_host_restart_reads_no_data_file_from_the_checkpoint[changelog]"
   "tests/test_incremental.py::test_gc_after_30_batches_keeps_exactly_what_retained_versions_reference"
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
   tests/test_spark_limits.py

@@ -449,7 +449,7 @@ def hide_data_files(store: Path, aside: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_same_host_restore_reads_no_data_from_the_checkpoint(tmp_path: Path, mode: str) -> None:
+def test_a_same_host_restore_reads_no_data_file_from_the_checkpoint(tmp_path: Path, mode: str) -> None:
     store, rec = tmp_path / "store", tmp_path / "rec"
     expected = commit_with_maintenance(store, tmp_path / "w1", rec, mode, versions=10)
     if mode == "changelog":

@@ -63,7 +63,7 @@ def log_restore(handle: str, version: int, result: LoadResult) -> None:
         return
     log.info(
         "store %s: restored version %d from %s in %d ms: %d files (%d bytes) from the local copy, "
-        "%d files (%d bytes) from the checkpoint, changes of %d versions replayed",
+        "%d files (%d bytes) and %d bytes inside manifests from the checkpoint, changes of %d versions replayed",
         handle,
         version,
         result.source,
@@ -72,5 +72,6 @@ def log_restore(handle: str, version: int, result: LoadResult) -> None:
         m.get("restoreLocalBytes", 0),
         m.get("restoreRemoteFiles", 0),
         m.get("restoreRemoteBytes", 0),
+        m.get("restoreInlineBytes", 0),
         m.get("restoreChangelogVersions", 0),
     )
