@@ -57,6 +57,7 @@ def one_run(plan: Plan, run_dir: Path, tag: str) -> tuple[bool, CheckReport, str
     conf = {
         "spark.executorEnv.PYSTATESTORE_TEST_FAULTS": json.dumps(plan.rules),
         CONF + "commitMode": plan.mode,
+        CONF + "durableFirstCommit": str(plan.durable_first).lower(),
         CONF + "localRecoveryDir": str(run_dir / "local"),
         "spark.task.maxFailures": "8",
         "spark.ui.showConsoleProgress": "false",

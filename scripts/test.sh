@@ -12,7 +12,7 @@
 #     v2 (an aggregation, a join, a retried commit, a restart at an older attempt) on every other supported
 #     minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
-# Tests marked slow (the chaos matrix, the scale test's control, the Scala job on local[2], the
+# Tests marked slow (the chaos matrix's fixed seeds, the scale test's control, the Scala job on local[2], the
 # same-host restart in snapshot mode) are
 # left out; extra arguments go to the default minor's pytest, after ours: `bash scripts/test.sh
 # -m ""` runs the slow ones too. Ends with one line that totals every run.

@@ -74,20 +74,25 @@ KEYS = [f"k{i:02d}".encode() for i in range(40)]
 COMMIT_POINTS = [
     "restore:file",
     "download:file",
-    "commit:applied",
+    "commit:frame-read",  # durable first: the whole frame read and checked, nothing written
+    "commit:applied",  # the change file and/or segment written
     "commit:flushed",
     "commit:checkpointed",
     "restore:replayed",
     "upload:file",
     "commit:uploaded",
-    "commit:manifest-written",
+    "commit:manifest-written",  # published and fsynced: the version is durable from here on
     # durable first (decision 0032): the apply after the reply, which the service runs at once
+    "apply:started",
     "apply:written",
     "apply:ingested",
     "apply:checkpointed",
     "local-save:moved",
 ]
 DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from here on keeps the version
+# What each commit path passes (and what it does not): a crash is drawn only where it can happen.
+DURABLE_FIRST_ONLY = {"commit:frame-read", "apply:started", "apply:written", "apply:ingested", "apply:checkpointed"}
+APPLYING_FIRST_ONLY = {"commit:flushed", "commit:checkpointed"}
 MATERIALIZE_POINTS = ["upload:file", "materialize:uploaded", "materialize:published"]
 
 
@@ -392,6 +397,13 @@ class BackendModel(RuleBasedStateMachine):
     def abort(self) -> None:
         self.pending = {}
 
+    def commit_points(self) -> list[str]:
+        """The points this model's commits pass: durable-first changelog commits read the frame
+        whole and apply after the reply; the others apply, flush and checkpoint before it."""
+        durable_first = self.DURABLE_FIRST and self.MODE == "changelog"
+        skip = APPLYING_FIRST_ONLY if durable_first else DURABLE_FIRST_ONLY
+        return [p for p in COMMIT_POINTS if p not in skip]
+
     def commit_with_crash(self, point: str) -> bool:
         """Commits with a failure at `point` that the worker survives (an upload error, say);
         returns whether the version is durable. A commit that never reaches the point (no restore
@@ -411,8 +423,11 @@ class BackendModel(RuleBasedStateMachine):
         return True
 
     @precondition(lambda self: self.base in self.committed)
-    @rule(point=st.sampled_from(COMMIT_POINTS))
-    def crash_during_commit(self, point: str) -> None:
+    @rule(data=st.data())
+    def crash_during_commit(self, data: st.DataObject) -> None:
+        self.worker_dies_at(data.draw(st.sampled_from(self.commit_points()), label="point"))
+
+    def worker_dies_at(self, point: str) -> None:
         """The worker dies mid-commit; the task fails, and its retry (on a new worker) keeps the
         same base and changes."""
         expected = self.expected_next()
@@ -428,8 +443,11 @@ class BackendModel(RuleBasedStateMachine):
             self.set_committed(self.base + 1, expected)  # durable, though the task never heard back
 
     @precondition(lambda self: self.base in self.committed)
-    @rule(point=st.sampled_from(COMMIT_POINTS))
-    def failed_commit_then_retry_by_the_same_instance(self, point: str) -> None:
+    @rule(data=st.data())
+    def failed_commit_then_retry_by_the_same_instance(self, data: st.DataObject) -> None:
+        self.commit_fails_then_retries_at(data.draw(st.sampled_from(self.commit_points()), label="point"))
+
+    def commit_fails_then_retries_at(self, point: str) -> None:
         """A commit fails without the worker dying (e.g. an upload error); Spark retries the task on
         the same executor, so the same instance commits the same version again."""
         pending = dict(self.pending)
@@ -450,11 +468,15 @@ class BackendModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.base in self.committed)
     @rule(
-        point=st.sampled_from(COMMIT_POINTS),
+        data=st.data(),
         action=st.sampled_from(["gc-now", "gc-past-grace", "competing-commit"]),
         other_keys=st.lists(st.sampled_from(KEYS), max_size=10, unique=True),
     )
-    def other_instance_acts_during_a_commit(self, point: str, action: str, other_keys: list[bytes]) -> None:
+    def other_instance_acts_during_a_commit(self, data: st.DataObject, action: str, other_keys: list[bytes]) -> None:
+        point = data.draw(st.sampled_from(self.commit_points()), label="point")
+        self.other_instance_acts_at(point, action, other_keys)
+
+    def other_instance_acts_at(self, point: str, action: str, other_keys: list[bytes]) -> None:
         other_pending: dict[bytes, bytes | None] = {k: b"other-" + k for k in other_keys}
         acted: list[str] = []
 
@@ -705,23 +727,15 @@ def test_a_competing_attempt_prunes_the_local_copy_a_restore_is_using(monkeypatc
             state.retained_manifests_reference_only_existing_files()
             state.every_retained_version_reloads_exactly()
 
-        step(lambda: state.crash_during_commit(point="restore:file"))
+        step(lambda: state.worker_dies_at("restore:file"))
         step(lambda: state.remove(key=b"k00"))
         for _ in range(11):
             step(state.commit)
-        step(
-            lambda: state.other_instance_acts_during_a_commit(
-                point="restore:file", action="gc-now", other_keys=[b"k32"]
-            )
-        )
+        step(lambda: state.other_instance_acts_at("restore:file", "gc-now", [b"k32"]))
         step(lambda: state.put_many(keys=KEYS[:5], size=1))
         step(state.commit)
         assert state.base == 14 and 13 in state.committed
         state.base, state.pending = 13, {}  # reload_older_version drew 13
-        step(
-            lambda: state.other_instance_acts_during_a_commit(
-                point="restore:file", action="competing-commit", other_keys=[]
-            )
-        )
+        step(lambda: state.other_instance_acts_at("restore:file", "competing-commit", []))
     finally:
         state.teardown()

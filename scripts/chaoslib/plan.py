@@ -20,40 +20,68 @@ FILES = 9  # input files, one micro-batch each
 # and its garbage collection deleted nothing while the query ran (at 4 a run deletes about one
 # version per store, no margin).
 RETAIN_DRAW = (2, 3)
-COMMIT_POINTS = [
-    "commit:applied",
-    "commit:flushed",
-    "commit:checkpointed",
+# The points each commit path passes, in order (decisions 0032, 0040): a durable-first changelog
+# commit reads and checks the whole frame, writes the segment, stores it, publishes the manifest
+# (data and name fsynced) and replies; the apply, the view and the local copy come after the reply.
+# An applying-first commit (snapshot mode, or durableFirstCommit=false) writes the change file (and
+# segment) and ingests it, makes the view, uploads, publishes, then replies.
+DURABLE_FIRST_POINTS = [
+    "commit:frame-read",
+    "commit:applied",  # the segment written
     "commit:uploaded",
     "commit:manifest-written",
-    # durable first (decision 0032): after the reply, while the worker applies the version
+    "apply:started",  # after the reply
     "apply:written",
     "apply:ingested",
     "apply:checkpointed",
 ]
-APPLY_POINTS = COMMIT_POINTS[-3:]
+APPLYING_FIRST_POINTS = [
+    "commit:applied",  # the change file (and, in changelog mode, the segment) written
+    "commit:flushed",
+    "commit:checkpointed",
+    "commit:uploaded",
+    "commit:manifest-written",
+]
+APPLY_POINTS = DURABLE_FIRST_POINTS[-4:]
+
+
+def commit_points(mode: str, durable_first: bool) -> list[str]:
+    """The points a commit of this run passes: a fault is drawn only where it can fire."""
+    return DURABLE_FIRST_POINTS if mode == "changelog" and durable_first else APPLYING_FIRST_POINTS
+
+
 RESTORE_POINTS = ["restore:file", "restore:replayed", "download:file"]
 
 # Faults inside the state workers, through the fault seam: each draws its rule's details. "after"
 # lets the point pass that many times first, so the fault lands at a random commit or restore.
-SEAM_FAULTS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
-    "worker-exit-mid-commit": lambda r: {"point": r.choice(COMMIT_POINTS), "action": "exit", "after": r.randrange(8)},
-    "worker-exit-mid-restore": lambda r: {"point": r.choice(RESTORE_POINTS), "action": "exit", "after": r.randrange(3)},
-    "apply-fails": lambda r: {"point": r.choice(APPLY_POINTS), "action": "fail", "after": r.randrange(8), "times": 2},
-    "upload-fails": lambda r: {"point": "upload:file", "action": "fail", "after": r.randrange(4), "times": 2},
-    "upload-partial": lambda r: {"point": "upload:chunk", "action": "fail", "after": r.randrange(4)},
-    "upload-slow": lambda r: {
+SEAM_FAULTS: dict[str, Callable[[random.Random, list[str]], dict[str, Any]]] = {
+    "worker-exit-mid-commit": lambda r, points: {"point": r.choice(points), "action": "exit", "after": r.randrange(8)},
+    "worker-exit-mid-restore": lambda r, _: {
+        "point": r.choice(RESTORE_POINTS),
+        "action": "exit",
+        "after": r.randrange(3),
+    },
+    "apply-fails": lambda r, _: {
+        "point": r.choice(APPLY_POINTS),
+        "action": "fail",
+        "after": r.randrange(8),
+        "times": 2,
+    },
+    "upload-fails": lambda r, _: {"point": "upload:file", "action": "fail", "after": r.randrange(4), "times": 2},
+    "upload-partial": lambda r, _: {"point": "upload:chunk", "action": "fail", "after": r.randrange(4)},
+    "upload-slow": lambda r, _: {
         "point": "upload:file",
         "action": "sleep",
         "seconds": round(r.uniform(0.5, 3), 2),
         "after": r.randrange(4),
         "times": 3,
     },
-    "download-fails": lambda r: {"point": "download:file", "action": "fail", "after": r.randrange(2)},
-    "download-partial": lambda r: {"point": "download:chunk", "action": "fail", "after": r.randrange(2)},
-    "local-disk-full": lambda r: {"point": "local-save:moved", "action": "enospc", "after": r.randrange(2)},
+    "download-fails": lambda r, _: {"point": "download:file", "action": "fail", "after": r.randrange(2)},
+    "download-partial": lambda r, _: {"point": "download:chunk", "action": "fail", "after": r.randrange(2)},
+    "local-disk-full": lambda r, _: {"point": "local-save:moved", "action": "enospc", "after": r.randrange(2)},
 }
 RESTORE_FAULTS = {"worker-exit-mid-restore", "download-fails", "download-partial"}
+DURABLE_FIRST_FAULTS = {"apply-fails"}  # apply points are passed by durable-first commits only
 OTHER_FAULTS = ["kill-executor", "local-copy-damage", "maintenance-tiny-grace", "stop-restart"]
 
 
@@ -92,6 +120,7 @@ class Plan:
     scenario: str
     mode: str
     stops: list[int]  # after this many input files the query stops and restarts
+    durable_first: bool = True  # changelog commits: durableFirstCommit (the default) or applying first
     rules: list[dict[str, Any]] = field(default_factory=list)  # the worker fault seam's rules
     executor_kills: list[int] = field(default_factory=list)  # batches after which an executor dies
     local_copy_damage: str | None = None  # "flip" / "delete", between phases
@@ -122,7 +151,10 @@ class Plan:
         stops = ",".join(map(str, self.stops)) or "none"
         if self.stops and self.cold_stops:
             stops += " (executors killed at each stop)"
-        return f"{self.scenario}/{self.mode}, stops after files {stops}; faults: {'; '.join(parts) or 'none'}"
+        path = self.mode + (
+            "" if self.mode == "snapshot" else "/durable-first" if self.durable_first else "/applying-first"
+        )
+        return f"{self.scenario}/{path}, stops after files {stops}; faults: {'; '.join(parts) or 'none'}"
 
 
 def draw(seed: int, tag: str) -> Plan:
@@ -133,9 +165,12 @@ def draw(seed: int, tag: str) -> Plan:
         mode=rnd.choice(["changelog", "snapshot"]),
         stops=sorted(rnd.sample(range(2, FILES - 1), rnd.randint(0, 2))),
     )
-    for fault in rnd.sample(sorted(SEAM_FAULTS) + OTHER_FAULTS, rnd.randint(1, 3)):
+    plan.durable_first = plan.mode == "changelog" and rnd.random() < 0.75
+    points = commit_points(plan.mode, plan.durable_first)
+    menu = [f for f in sorted(SEAM_FAULTS) if plan.durable_first or f not in DURABLE_FIRST_FAULTS]
+    for fault in rnd.sample(menu + OTHER_FAULTS, rnd.randint(1, 3)):
         if fault in SEAM_FAULTS:
-            rule = {"store": tag, "fault": fault, **SEAM_FAULTS[fault](rnd)}
+            rule = {"store": tag, "fault": fault, **SEAM_FAULTS[fault](rnd, points)}
             if rule["point"] == "restore:replayed" and plan.mode == "snapshot":
                 rule["point"] = "restore:file"  # snapshot commits have no changes to replay
             plan.rules.append(rule)
@@ -182,6 +217,7 @@ def make_every_fault_fire(plan: Plan) -> None:
             # once (run seed 1558735515 drew restore:replayed "after 2": 3 stores over 2
             # executors, and it never fired): every restore of a changelog store replays.
             rule["after"] = 0
+    if not plan.local_recovery:  # nothing to save to or damage: those faults cannot fire
         plan.rules = [r for r in plan.rules if r["point"] != "local-save:moved"]
         plan.local_copy_damage = None
     for rule in plan.rules:

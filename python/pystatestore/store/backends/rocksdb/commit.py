@@ -224,6 +224,7 @@ def commit_durable_first(
     base, load_cost = ensure_at(b, base_version, b.attempt_for_lookup(base_manifest_id))
     b.check_base(base_version, base.manifest_id if base else "", base_manifest_id)
     frame = checked_frame(b, frame, version)
+    b.fault_point("commit:frame-read")
     db.forget_version()  # until the apply has run, the local DB equals no manifest
     metrics: dict[str, int] = {**load_cost}
     segment_path = db.work_dir / f"segment-{version}-{uuid.uuid4().hex[:8]}"
@@ -270,6 +271,7 @@ def apply_committed(
     metrics: dict[str, int] = {}
     viewed = False
     try:
+        b.fault_point("apply:started")  # the reply is out; nothing of the apply done yet
         t = time.perf_counter()
         change_file = db.write_change_file(frame.to_batches(APPLY_CHUNK_ROWS), version)
         metrics["applyMs"] = elapsed_ms(t)
