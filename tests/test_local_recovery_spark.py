@@ -172,7 +172,8 @@ def executor_pids(app_id: str) -> list[int]:
 RESTORE_LINE = re.compile(
     r"store (?P<store>\S+)#\S*: restored version (?P<version>\d+) from (?P<source>\S+) in \d+ ms: "
     r"(?P<local_files>\d+) files \((?P<local_bytes>\d+) bytes\) from the local copy, "
-    r"(?P<remote_files>\d+) files \((?P<remote_bytes>\d+) bytes\) from the checkpoint, "
+    r"(?P<remote_files>\d+) files \((?P<remote_bytes>\d+) bytes\) and (?P<inline_bytes>\d+) bytes inside "
+    r"manifests from the checkpoint, "
     r"changes of (?P<replayed>\d+) versions replayed"
 )
 
