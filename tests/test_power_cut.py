@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,11 @@ def test_every_cut_restores_the_last_acknowledged_version(spec: HistorySpec, tmp
     # The recorder saw every write: with nothing lost, the image is what the disk holds.
     kept = crash_image(recording.events, len(recording.events), "kept")
     assert kept.tree == recording.final_tree
-    report = check_cuts(recording, mixed_draws=1, seed=hash(spec.name) & 0xFFFF)
+    # `kept` images are what a killed process leaves, which chaos and the model test cover; here the
+    # power cut's own: nothing unsynced, or a first part of it (scripts/power_cut.py runs all three).
+    report = check_cuts(recording, kinds=("lost", "mixed"), mixed_draws=1, seed=zlib.crc32(spec.name.encode()))
     print(f"{spec.name}: {len(recording.events)} events, {report.cuts} cuts, {report.images} distinct images")
-    assert report.images > len(recording.events) // 2
+    assert report.images > len(recording.events) // 3
     assert report.failures == []
 
 
