@@ -188,6 +188,13 @@ class Manifest:
         """The manifest of the attempt at `base_version` a changelog manifest's changes apply to."""
         return manifest_path(self.base_version, self.parent_manifest_id if self.checkpoint_id else None)
 
+    @property
+    def stored_bytes(self) -> int:
+        """The bytes of everything this manifest names or holds inside: a snapshot's size, or a
+        changelog version's changes."""
+        refs = [*self.shared.values(), *self.private.values(), *([self.changes.ref] if self.changes else [])]
+        return sum(r.size for r in refs)
+
     def files(self) -> list[FileRef]:
         """Every file of the checkpoint this manifest itself names (not those stored inside it)."""
         refs = list(self.shared.values()) + list(self.private.values())

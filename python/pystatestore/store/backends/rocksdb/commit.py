@@ -133,7 +133,7 @@ def commit_under(
     db.set_version(version, manifest)
     if not manifest.is_changelog:
         db.ancestor = manifest
-        db.snapshot_at = version
+        db.snapshot_taken(version, manifest.stored_bytes)
     return commit_result(manifest, len(body), uploaded, metrics)
 
 
@@ -152,6 +152,7 @@ def changelog_manifest(
     manifest = b.new_changelog_manifest(
         version, num_keys, attempt_id, parent_manifest_id=base.manifest_id if base else "", changes=changes_ref
     )
+    b.db.changes_bytes[version] = changes_ref.ref.size  # what a restore would replay (snapshot_due_at)
     return manifest, uploaded
 
 

@@ -44,6 +44,13 @@ DEFAULT_COMPACT_SNAPSHOT_BYTES = 1 << 20
 COMPACT_SNAPSHOT_INLINE_BYTES = 2 << 10
 # Maintenance also makes a snapshot once the changes since the last one add up to this much.
 DEFAULT_CHANGELOG_MAX_BYTES = 64 << 20
+# A snapshot is also due once replaying the changes since the last one would cost a restore more
+# than reading a new snapshot (decision 0041): the worker replays a stored byte of changes about
+# 100 times slower than it restores a byte of snapshot (a write per key against a file copy), so
+# changes of 1/32 of the snapshot's size already double a restore from it; changes below the floor
+# replay in about as long as a snapshot restore's fixed cost (opening the DB, reading manifests).
+DEFAULT_SNAPSHOT_CHANGES_FRACTION = 1 / 32
+REPLAY_WORTH_A_SNAPSHOT_BYTES = 256 << 10
 # Changelog commits keep a local recovery copy every this many versions (staggered across
 # partitions so each batch pays for a share of them): a copy costs a commit about as much as its
 # own RocksDB work, while a restore replays at most this many minus one versions' changes, which
@@ -65,6 +72,7 @@ class RocksDBConfig:
     threads: int
     l0_trigger: int
     local_copy_interval: int
+    snapshot_changes_fraction: float = DEFAULT_SNAPSHOT_CHANGES_FRACTION
     durable_first: bool = True  # commits return once durable, the local DB is brought up after (0032)
 
     @classmethod
@@ -89,6 +97,9 @@ class RocksDBConfig:
                 "or false.",
             )
         return cls(
+            snapshot_changes_fraction=fraction_option(
+                options, "snapshotChangesFraction", DEFAULT_SNAPSHOT_CHANGES_FRACTION, store=store
+            ),
             durable_first=durable_first == "true",
             mode=mode,
             inline_bytes=whole("inlineThresholdBytes", DEFAULT_INLINE_BYTES, 0),
@@ -114,6 +125,24 @@ def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: 
             f"{name}={raw!r} is not a whole number of at least {minimum}",
             store=store,
             advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name}.",
+        )
+    return value
+
+
+def fraction_option(options: Mapping[str, str], name: str, default: float, *, store: str) -> float:
+    """The conf `name` as a number from 0 to 1 (unset: `default`); a clear error otherwise."""
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise StoreConfigError(
+            f"{name}={raw!r} is not a number from 0 to 1",
+            store=store,
+            advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name} (0 turns the rule off).",
         )
     return value
 

@@ -40,6 +40,10 @@ class LocalDB:
         # The newest version of the DB's chain known to have a snapshot (0: the chain starts at
         # version 1), so a commit can tell that one is due without reading the checkpoint.
         self.snapshot_at: int | None = None
+        # What restoring from that snapshot reads (its stored bytes; 0 for version 0), and the
+        # stored bytes of each later version's changes: what replaying them would read (0041).
+        self.snapshot_bytes = 0
+        self.changes_bytes: dict[int, int] = {}
         # The (version, manifest id) held when maintenance last found no snapshot due: periodic
         # maintenance skips the same check of the same version (decision 0038).
         self.no_snapshot_due: tuple[int, str | None] | None = None
@@ -77,7 +81,19 @@ class LocalDB:
     def open_empty(self) -> None:
         """A new, empty DB: the state of version 0."""
         self.open(self.fresh_dir("db-0"), 0, None)
-        self.snapshot_at = 0
+        self.snapshot_taken(0, 0)
+
+    def snapshot_taken(self, version: int, stored_bytes: int) -> None:
+        """The DB's chain has a snapshot at `version` of `stored_bytes`: replays start there."""
+        if self.snapshot_at is not None and version < self.snapshot_at:
+            return
+        self.snapshot_at, self.snapshot_bytes = version, stored_bytes
+        self.changes_bytes = {v: n for v, n in self.changes_bytes.items() if v > version}
+
+    def changes_since_snapshot(self, version: int) -> int:
+        """The stored bytes of the changes a restore of `version` would replay after the snapshot."""
+        at = self.snapshot_at or 0
+        return sum(n for v, n in self.changes_bytes.items() if at < v <= version)
 
     def set_version(self, version: int, manifest: Manifest | None) -> None:
         self.version = version
@@ -97,6 +113,8 @@ class LocalDB:
         self.db = self.dir = self.version = self.manifest_id = None
         self.ancestor = None
         self.snapshot_at = None
+        self.snapshot_bytes = 0
+        self.changes_bytes = {}
 
     def holds(self, m: Manifest) -> bool:
         return self.db is not None and self.version == m.version and self.manifest_id == m.manifest_id

@@ -30,7 +30,7 @@ from ...manifest import (
 )
 from ...transfer import upload_all, upload_file
 from ..context import elapsed_ms
-from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES
+from .config import APPLY_CHUNK_ROWS, COMPACT_SNAPSHOT_INLINE_BYTES, REPLAY_WORTH_A_SNAPSHOT_BYTES
 
 if TYPE_CHECKING:
     from .phase_backend import PhaseBackend
@@ -195,7 +195,7 @@ def store_changes(
 
 def prepare_materialization(b: PhaseBackend, force: bool = False) -> Materialization | None:
     """Under the store's lock: if the newest version is a changelog version the local DB holds and
-    the chain since the last snapshot is long (minDeltasForSnapshot) or large, or it has no snapshot
+    the chain since the last snapshot is due one (`snapshot_due_for`), or it has no snapshot
     and `force` asks for one, a checkpoint of it (hard links) to make its snapshot from. Nothing is
     uploaded here. A chain that cannot be walked (an ancestor was replaced after the version was
     committed on it) gets no snapshot: Spark commits such a version again before it reads it, so
@@ -214,15 +214,22 @@ def prepare_materialization(b: PhaseBackend, force: bool = False) -> Materializa
     m = b.read_manifest(newest, b.attempt_for_lookup(db.manifest_id))
     if not m.is_changelog or not db.holds(m):
         return None
-    deltas, size = 0, 0
+    deltas, changes = 0, {}
     try:
+        snapshot_bytes = 0  # the chain reaches back to version 1: replays start from nothing
         for c in b.chain_back(m):
-            if not c.is_changelog or b.remote.exists(snapshot_path(c.version, c.manifest_id)):
+            if not c.is_changelog:
+                snapshot_bytes = c.stored_bytes
+                break
+            if b.remote.exists(snapshot_path(c.version, c.manifest_id)):
+                made = b.read_snapshot(c.version, c.manifest_id)
+                snapshot_bytes = made.stored_bytes if made is not None else 0
                 break
             deltas += 1
-            size += c.changes.ref.size if c.changes else 0
-        db.snapshot_at = m.version - deltas
-        due = deltas >= b.ctx.min_deltas_for_snapshot or size >= b.config.changelog_max_bytes
+            changes[c.version] = c.changes.ref.size if c.changes else 0
+        db.snapshot_taken(m.version - deltas, snapshot_bytes)
+        db.changes_bytes.update(changes)
+        due = snapshot_due_for(b, deltas, sum(changes.values()), snapshot_bytes)
         if not (due or (force and deltas > 0)):
             db.no_snapshot_due = held
             return None
@@ -277,13 +284,13 @@ def complete_materialization(b: PhaseBackend, job: Materialization) -> None:
     the one it was made from (its files are still there under the same names)."""
     if job.snapshot is not None and b.db.dir == job.db_dir:
         b.db.ancestor = job.snapshot
-        b.db.snapshot_at = max(b.db.snapshot_at or 0, job.snapshot.version)
+        b.db.snapshot_taken(job.snapshot.version, job.snapshot.stored_bytes)
 
 
 def snapshot_due(b: PhaseBackend) -> bool:
-    """Whether the local DB's version (just committed) ends a chain of minDeltasForSnapshot changelog
-    versions since the last snapshot, or of a length not known here (after a restore from a
-    changelog version's local copy): then maintenance should look now."""
+    """Whether the local DB's version (just committed) is due a snapshot (`snapshot_due_for`), or
+    ends a chain not known here (after a restore from a changelog version's local copy): then
+    maintenance should look now."""
     return snapshot_due_at(b, b.db.version)
 
 
@@ -293,7 +300,23 @@ def snapshot_due_at(b: PhaseBackend, version: int | None) -> bool:
     db = b.db
     if b.config.mode != "changelog" or not version:
         return False
-    return db.snapshot_at is None or version - db.snapshot_at >= b.ctx.min_deltas_for_snapshot
+    if db.snapshot_at is None:
+        return True
+    return snapshot_due_for(b, version - db.snapshot_at, db.changes_since_snapshot(version), db.snapshot_bytes)
+
+
+def snapshot_due_for(b: PhaseBackend, deltas: int, changes_bytes: int, snapshot_bytes: int) -> bool:
+    """Whether a chain of `deltas` changelog versions, their changes `changes_bytes` stored, after a
+    snapshot of `snapshot_bytes` (0: none, the chain starts at version 1) is due a new snapshot:
+    minDeltasForSnapshot versions, changelogMaxBytes of changes, or changes a restore would take
+    longer to replay than to read a snapshot of the whole state (decision 0041): a fraction
+    (snapshotChangesFraction) of the snapshot, once they are worth a replay at all."""
+    if deltas <= 0:
+        return False
+    if deltas >= b.ctx.min_deltas_for_snapshot or changes_bytes >= b.config.changelog_max_bytes:
+        return True
+    fraction = b.config.snapshot_changes_fraction
+    return fraction > 0 and changes_bytes >= max(REPLAY_WORTH_A_SNAPSHOT_BYTES, fraction * snapshot_bytes)
 
 
 def _state_batches(db: rocksdict.Rdict) -> Iterator[pa.RecordBatch]:
