@@ -265,6 +265,11 @@ class RemoteStore:
         for directory, point in dirs.items():
             local_disk.DISK.sync_dir(directory, point)
 
+    def local_path(self, rel: str, *, version: int | None = None) -> str | None:
+        """The absolute path of `rel` when the store is on a local or mounted filesystem (checked
+        to resolve inside the store), so a restore may hard-link it; None elsewhere."""
+        return self._abs(rel, version) if self.is_local else None
+
     def open_input(self, rel: str, *, version: int | None = None) -> pa.NativeFile:
         try:
             return self.fs.open_input_stream(self._abs(rel, version))

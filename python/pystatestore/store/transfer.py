@@ -12,8 +12,9 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
+from . import local_disk
 from .checksums import checksum_text, crc32
-from .errors import CheckpointDamagedError
+from .errors import CheckpointDamagedError, CheckpointMissingError
 from .manifest import FileRef
 from .remote import RemoteStore, local_file_in
 
@@ -53,16 +54,17 @@ def _upload(remote: RemoteStore, local: Path, rel: str, hook: TransferHook | Non
 
 
 def _copy(
-    src: BinaryIO | pa.NativeFile, out: BinaryIO | pa.NativeFile, hook: TransferHook | None, point: str
+    src: BinaryIO | pa.NativeFile, out: BinaryIO | pa.NativeFile | None, hook: TransferHook | None, point: str
 ) -> tuple[int, int]:
-    """Copies `src` to `out` through one buffer; returns (crc32, bytes)."""
+    """Copies `src` to `out` (None: only reads it) through one buffer; returns (crc32, bytes)."""
     buffer = memoryview(bytearray(CHUNK))
     crc, size = 0, 0
     while n := src.readinto(buffer):
         chunk = buffer[:n]
         crc = crc32(chunk, crc)
         size += n
-        out.write(chunk)
+        if out is not None:
+            out.write(chunk)
         if hook is not None:
             hook(point, n)
     return crc, size
@@ -76,15 +78,22 @@ def download_file(
     *,
     version: int | None,
     hook: TransferHook | None = None,
+    link: bool = False,
 ) -> int:
     """Copies `ref` to `local_dir/name` and verifies size and checksum; a mismatch names store, version
     and file. The bytes land in a temporary file first, so a failure leaves nothing under `name` and
-    deletes only what this call wrote."""
+    deletes only what this call wrote. `link`: the file is never written in place (an SST), so on a
+    checkpoint on the same local filesystem it is hard-linked instead of copied, and only read once,
+    for its checksum."""
     final = local_file_in(local_dir, name, store=remote.uri, version=version)
     tmp = os.path.join(local_dir, f".download-{uuid.uuid4().hex}")
     try:
-        with remote.open_input(ref.path, version=version) as src, open(tmp, "xb") as out:
-            crc, size = _copy(src, out, hook, "download:chunk")
+        if not (link and _linked(remote, ref, tmp, version)):
+            with remote.open_input(ref.path, version=version) as src, open(tmp, "xb") as out:
+                crc, size = _copy(src, out, hook, "download:chunk")
+        else:
+            with open(tmp, "rb") as linked:
+                crc, size = _copy(linked, None, hook, "download:chunk")
         if size != ref.size or checksum_text(crc) != ref.checksum:
             raise CheckpointDamagedError(
                 f"downloaded {size} bytes with {checksum_text(crc)}, "
@@ -98,6 +107,23 @@ def download_file(
         if os.path.exists(tmp):
             os.remove(tmp)
     return size
+
+
+def _linked(remote: RemoteStore, ref: FileRef, tmp: str, version: int | None) -> bool:
+    """Hard-links checkpoint file `ref` at `tmp`; False when it cannot (another filesystem, an object
+    store, links not allowed): the caller copies it."""
+    source = remote.local_path(ref.path, version=version)
+    if source is None:
+        return False
+    try:
+        local_disk.DISK.link(source, tmp)
+    except FileNotFoundError as e:
+        raise CheckpointMissingError(
+            "a file the checkpoint needs is missing", store=remote.uri, version=version, file=ref.path
+        ) from e
+    except OSError:
+        return False
+    return True
 
 
 def upload_all(
@@ -127,13 +153,15 @@ def download_all(
     *,
     version: int,
     hook: TransferHook | None = None,
+    link: Callable[[str], bool] = lambda name: False,
 ) -> TransferStats:
-    """Downloads each (ref, logical name) into `local_dir`."""
+    """Downloads each (ref, logical name) into `local_dir`; a name `link` accepts may be hard-linked
+    (`download_file`)."""
     if not items:
         return TransferStats(0, 0)
 
     def one(item: tuple[FileRef, str]) -> int:
-        size = download_file(remote, item[0], local_dir, item[1], version=version, hook=hook)
+        size = download_file(remote, item[0], local_dir, item[1], version=version, hook=hook, link=link(item[1]))
         if hook is not None:
             hook("download:file", 0)
         return size

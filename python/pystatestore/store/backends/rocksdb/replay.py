@@ -5,7 +5,9 @@ the changes kept on this host, or downloaded from the checkpoint."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,7 @@ from ... import changelog, frames
 from ...errors import CheckpointDamagedError
 from ...manifest import Manifest
 from ...transfer import download_all
+from ..context import elapsed_ms
 from .config import APPLY_CHUNK_ROWS
 from .restore_stats import RestoreStats
 
@@ -27,6 +30,54 @@ if TYPE_CHECKING:
 REPLAY_MERGE_BYTES = 256 << 10
 # Replayed versions' SSTs go into the local DB in ingests of at most this many files.
 REPLAY_INGEST_FILES = 8
+
+
+class SegmentDownloads:
+    """The segments of a replay that only the checkpoint holds, downloaded in parallel (up to
+    transferThreads at a time) as soon as the replay starts, each replayed as soon as it is here
+    rather than after the last byte of the chain. Each lands in a file of its own under the store's
+    work directory, is read once and removed."""
+
+    def __init__(self, b: PhaseBackend, chain: list[Manifest], restore: RestoreStats) -> None:
+        self.b, self.restore = b, restore
+        self.pending: dict[tuple[int, str], Future[Path]] = {}
+        wanted = [m for m in chain if m.changes is not None and not changes_on_host(b, m)]
+        self.dir = b.db.fresh_dir("segments") if wanted else None
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(b.config.threads, len(wanted)))) if wanted else None
+        for m in wanted:
+            assert self.pool is not None and self.dir is not None and m.changes is not None
+            self.pending[(m.version, m.manifest_id)] = self.pool.submit(self._download, m, self.dir)
+
+    def _download(self, m: Manifest, directory: Path) -> Path:
+        assert m.changes is not None
+        name = f"segment-{m.version}-{m.manifest_id}"
+        stats = download_all(
+            self.b.remote, [(m.changes.ref, name)], directory, 1, version=m.version, hook=self.b.fault_point
+        )
+        self.restore.downloaded(stats)
+        return directory / name
+
+    def take(self, m: Manifest) -> bytes | None:
+        """`m`'s segment once downloaded (the time waited counts as download time); None if it
+        was not among those fetched here."""
+        future = self.pending.pop((m.version, m.manifest_id), None)
+        if future is None:
+            return None
+        started = time.perf_counter()
+        path = future.result()
+        self.restore.download_ms += elapsed_ms(started)
+        try:
+            return path.read_bytes()
+        finally:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def replay_chain(b: PhaseBackend, chain: list[Manifest], restore: RestoreStats) -> None:
@@ -48,15 +99,23 @@ def replay_chain(b: PhaseBackend, chain: list[Manifest], restore: RestoreStats) 
         else:
             units.append([m])
             unit_bytes = size
-    for first in range(0, len(units), REPLAY_INGEST_FILES):
-        _replay_units(b, units[first : first + REPLAY_INGEST_FILES], restore)
+    started, waited = time.perf_counter(), restore.download_ms
+    downloads = SegmentDownloads(b, chain, restore)
+    try:
+        for first in range(0, len(units), REPLAY_INGEST_FILES):
+            _replay_units(b, units[first : first + REPLAY_INGEST_FILES], restore, downloads)
+    finally:
+        downloads.close()
+        restore.replay_ms += elapsed_ms(started) - (restore.download_ms - waited)  # not the waits for segments
 
 
-def _replay_units(b: PhaseBackend, units: list[list[Manifest]], restore: RestoreStats) -> None:
+def _replay_units(
+    b: PhaseBackend, units: list[list[Manifest]], restore: RestoreStats, downloads: SegmentDownloads
+) -> None:
     files: list[Path] = []
     try:
         for unit in units:
-            change_file = b.db.write_change_file(_unit_batches(b, unit, restore), unit[-1].version)
+            change_file = b.db.write_change_file(_unit_batches(b, unit, restore, downloads), unit[-1].version)
             if change_file is not None:
                 files.append(change_file)
         b.fault_point("restore:replayed")
@@ -70,15 +129,23 @@ def _replay_units(b: PhaseBackend, units: list[list[Manifest]], restore: Restore
             f.unlink(missing_ok=True)  # ingested files were moved into the DB
     for unit in units:
         restore.replayed += len(unit)
-        restore.replayed_bytes += sum(m.changes.ref.size for m in unit if m.changes)
+        for m in unit:
+            size = m.changes.ref.size if m.changes else 0
+            restore.replayed_bytes += size
+            b.db.changes_bytes[m.version] = size  # a restart replays them again until a snapshot
 
 
-def _unit_batches(b: PhaseBackend, unit: list[Manifest], restore: RestoreStats) -> Iterator[pa.RecordBatch]:
+def _unit_batches(
+    b: PhaseBackend, unit: list[Manifest], restore: RestoreStats, downloads: SegmentDownloads
+) -> Iterator[pa.RecordBatch]:
     """The changes of one replayed SST, in key order: one version's segment as it is read, or
     consecutive versions merged."""
     if len(unit) == 1:
-        return segment_batches(b, unit[0], restore=restore)
-    tables = [pa.Table.from_batches(list(segment_batches(b, m, restore=restore)), frames.CHANGES_SCHEMA) for m in unit]
+        return segment_batches(b, unit[0], restore=restore, downloads=downloads)
+    tables = [
+        pa.Table.from_batches(list(segment_batches(b, m, restore=restore, downloads=downloads)), frames.CHANGES_SCHEMA)
+        for m in unit
+    ]
     return frames.change_batches(newest_change_per_key(tables), APPLY_CHUNK_ROWS)
 
 
@@ -89,12 +156,13 @@ def segment_batches(
     where: str | None = None,
     *,
     restore: RestoreStats | None = None,
+    downloads: SegmentDownloads | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The segment `m` holds (a version's changes, or a compact snapshot's state), chunk by chunk; a
     damaged one raises an error naming `described` and `where` it is stored. Where it came from is
-    counted in `restore`."""
+    counted in `restore`; `downloads` may have fetched it already."""
     try:
-        yield from changelog.read_segment(_changes_of(b, m, restore))
+        yield from changelog.read_segment(_changes_of(b, m, restore, downloads))
     except changelog.SegmentFormatError as e:
         raise CheckpointDamagedError(
             f"{described or f'the changes of version {m.version}'} is not a changelog segment ({e})",
@@ -126,7 +194,9 @@ def _changes_where(m: Manifest) -> str:
     return (m.changes.ref.path if m.changes else "") or m.path
 
 
-def _changes_of(b: PhaseBackend, m: Manifest, restore: RestoreStats | None = None) -> bytes:
+def _changes_of(
+    b: PhaseBackend, m: Manifest, restore: RestoreStats | None = None, downloads: SegmentDownloads | None = None
+) -> bytes:
     """A segment (a changelog version's changes, or a compact snapshot's state): from inside its
     manifest, from the changes kept on this host (changelog versions; size and checksum checked
     against the manifest), or downloaded and verified. Files are counted in `restore`."""
@@ -143,6 +213,9 @@ def _changes_of(b: PhaseBackend, m: Manifest, restore: RestoreStats | None = Non
                 restore.local_files += 1
                 restore.local_bytes += len(kept)
             return kept
+    fetched = downloads.take(m) if downloads is not None else None
+    if fetched is not None:
+        return fetched
     tmp = b.db.fresh_dir(f"changes-{m.version}")
     try:
         stats = download_all(b.remote, [(ref, "segment")], tmp, 1, version=m.version, hook=b.fault_point)

@@ -18,6 +18,7 @@ from ...errors import CheckpointDamagedError, CheckpointMissingError
 from ...manifest import FileRef, Manifest, snapshot_path
 from ...remote import local_file_in
 from ...transfer import TransferStats, download_all
+from ..context import elapsed_ms
 from .local_db import take_local_file
 from .replay import apply_segment, changes_on_host, replay_chain
 from .restore_stats import RestoreStats
@@ -141,13 +142,17 @@ def restore_snapshot(b: PhaseBackend, snapshot: Manifest, restore: RestoreStats,
         return
     db_dir = b.db.fresh_dir(f"db-{snapshot.version}")
     try:
+        t = time.perf_counter()
         local_files, local_bytes, stats = restore_files(b, snapshot, db_dir)
+        restore.download_ms += elapsed_ms(t)
+        t = time.perf_counter()
         b.db.open(db_dir, snapshot.version, snapshot)
+        restore.open_ms += elapsed_ms(t)
     except BaseException:
         shutil.rmtree(db_dir, ignore_errors=True)  # a failed restore leaves nothing behind
         raise
     b.db.ancestor = snapshot
-    b.db.snapshot_at = snapshot.version
+    b.db.snapshot_taken(snapshot.version, snapshot.stored_bytes)
     restore.local_files += local_files
     restore.local_bytes += local_bytes
     restore.downloaded(stats)
@@ -171,7 +176,7 @@ def restore_compact_snapshot(b: PhaseBackend, snapshot: Manifest, restore: Resto
         )
     db.set_version(snapshot.version, snapshot)
     db.ancestor = None  # the local DB's files descend from no uploaded snapshot
-    db.snapshot_at = snapshot.version
+    db.snapshot_taken(snapshot.version, snapshot.stored_bytes)
     if snapshot.changes.ref.inline:
         restore.inline_snapshots += 1
 
@@ -198,7 +203,9 @@ def restore_from_copy(b: PhaseBackend, m: Manifest, copy: dict[str, Path], resto
             files, size = files + 1, size + dst.stat().st_size
             b.fault_point("restore:file")
         try:
+            t = time.perf_counter()
             b.db.open(db_dir, m.version, m)
+            restore.open_ms += elapsed_ms(t)
         except CheckpointDamagedError as e:
             # Every file the marker lists matched, yet they do not open: the copy lost files its
             # marker never listed (pruned by another instance while it was saved). Never fatal,
@@ -223,8 +230,13 @@ def restore_from_copy(b: PhaseBackend, m: Manifest, copy: dict[str, Path], resto
     # The copy's files carry the names of the lineage that wrote it: a snapshot of that version
     # lists them; for a changelog version nothing says which snapshot's files they are.
     b.db.ancestor = None if m.is_changelog else m
-    b.db.snapshot_at = None if m.is_changelog else m.version  # a changelog copy: unknown until looked up
+    if not m.is_changelog:  # a changelog copy: its snapshot is unknown until maintenance looks it up
+        b.db.snapshot_taken(m.version, m.stored_bytes)
     return True
+
+
+def is_sst(name: str) -> bool:
+    return name.endswith(".sst")
 
 
 def restore_files(b: PhaseBackend, manifest: Manifest, db_dir: Path) -> tuple[int, int, TransferStats]:
@@ -252,5 +264,6 @@ def restore_files(b: PhaseBackend, manifest: Manifest, db_dir: Path) -> tuple[in
             continue
         local_files, local_bytes = local_files + 1, local_bytes + ref.size
         b.fault_point("restore:file")
-    stats = download_all(b.remote, missing, db_dir, b.config.threads, version=version, hook=b.fault_point)
+    # RocksDB never writes into an SST: those may be hard links to a checkpoint on the same disk.
+    stats = download_all(b.remote, missing, db_dir, b.config.threads, version=version, hook=b.fault_point, link=is_sst)
     return local_files, local_bytes, stats

@@ -22,6 +22,11 @@ class RestoreStats:
     replayed_bytes: int = 0
     inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
     inline_bytes: int = 0  # segments read from inside manifests (which come from the checkpoint)
+    # Where the time went: waiting for files from the checkpoint, replaying changes (reading
+    # segments, writing and ingesting SSTs), opening restored databases.
+    download_ms: int = 0
+    replay_ms: int = 0
+    open_ms: int = 0
     started_from: str = "an empty DB"  # for the log: where the state came from before replay
 
     def downloaded(self, stats: TransferStats) -> None:
@@ -38,5 +43,8 @@ class RestoreStats:
             "restoreChangelogBytes": self.replayed_bytes,
             "restoreInlineSnapshots": self.inline_snapshots,
             "restoreInlineBytes": self.inline_bytes,
+            "restoreDownloadMs": self.download_ms,
+            "restoreReplayMs": self.replay_ms,
+            "restoreOpenMs": self.open_ms,
             "restoreMs": elapsed_ms(started),
         }
