@@ -56,7 +56,7 @@ from typing import Any
 
 from benchlib.build import reexec_under_pyspark
 from benchlib.progress import batch_ms, custom_metric, started_at
-from benchlib.providers import FORMAT_CONF, HDFS, OURS, PROVIDERS, PSS, Provider, sql_conf
+from benchlib.providers import FORMAT_CONF, HDFS, PROVIDERS, PSS, add_ours_from, sql_conf
 from benchlib.queries import RESTARTS, WARMUP_BATCHES, WORKLOAD_TEXT, WORKLOADS, compile_session_buffers, write_inputs
 from benchlib.query import MAINTENANCE, PARTITIONS, RETAIN, run_query_in_own_jvm
 from benchlib.repeats import medians_over, range_text, spread_rotation
@@ -374,14 +374,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     for variant in args.ours_from:
-        name, _, directory = variant.partition("=")
-        if not name or not Path(directory, "pystatestore", "__init__.py").is_file():
-            ap.error(f"--ours-from {variant}: want NAME=DIR, DIR holding a pystatestore package")
-        PROVIDERS[name] = Provider(
-            OURS,
-            {PSS + "commitMode": "changelog", PSS + "pythonPath": str(Path(directory).resolve())},
-            f"pystatestore commitMode=changelog, its worker's package from {directory}",
-        )
+        try:
+            add_ours_from(variant)
+        except ValueError as e:
+            ap.error(str(e))
     reexec_under_pyspark(args.pyspark)
     code = code_version()
     touched = max(1, int(args.keys * args.touched_pct / 100))

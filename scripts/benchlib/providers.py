@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 # pystatestore.PROVIDER_CLASS, named here so that a benchmark's parent process need not import it
 OURS = "org.pystatestore.PythonStateStoreProvider"
@@ -63,3 +64,18 @@ def sql_conf(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str
     """The session confs that run provider `name`: its class and confs, then `extra`."""
     provider = PROVIDERS[name]
     return {PROVIDER_CONF: provider.cls, **provider.confs, **(extra or {})}
+
+
+def add_ours_from(variant: str) -> str:
+    """Adds the run of `--ours-from NAME=DIR` (pystatestore's default commits, its state workers
+    importing the package from DIR, another checkout's python/) to PROVIDERS; returns NAME, or
+    raises ValueError saying what is wrong with `variant`."""
+    name, _, directory = variant.partition("=")
+    if not name or not Path(directory, "pystatestore", "__init__.py").is_file():
+        raise ValueError(f"--ours-from {variant}: want NAME=DIR, DIR holding a pystatestore package")
+    PROVIDERS[name] = Provider(
+        OURS,
+        {PSS + "commitMode": "changelog", PSS + "pythonPath": str(Path(directory).resolve())},
+        f"pystatestore commitMode=changelog, its worker's package from {directory}",
+    )
+    return name

@@ -165,7 +165,9 @@ def restore_compact_snapshot(b: PhaseBackend, snapshot: Manifest, restore: Resto
     db = b.db
     db.open(db.fresh_dir(f"db-{snapshot.version}"), 0, None)
     where = snapshot.changes.ref.path or holder
+    t = time.perf_counter()
     apply_segment(b, snapshot, f"the state of snapshot {snapshot.version}", where, restore)
+    restore.ingest_ms += elapsed_ms(t)
     if snapshot.num_keys > 0 and db.is_empty():
         db.drop()
         raise CheckpointDamagedError(

@@ -22,9 +22,11 @@ class RestoreStats:
     replayed_bytes: int = 0
     inline_snapshots: int = 0  # state read from inside a snapshot manifest: no file of its own
     inline_bytes: int = 0  # segments read from inside manifests (which come from the checkpoint)
-    # Where the time went: waiting for files from the checkpoint, replaying changes (reading
-    # segments, writing and ingesting SSTs), opening restored databases.
+    # Where the time went: waiting for files from the checkpoint, ingesting a compact snapshot's
+    # state, replaying changes (reading segments, writing and ingesting SSTs), opening restored
+    # databases.
     download_ms: int = 0
+    ingest_ms: int = 0
     replay_ms: int = 0
     open_ms: int = 0
     started_from: str = "an empty DB"  # for the log: where the state came from before replay
@@ -44,6 +46,7 @@ class RestoreStats:
             "restoreInlineSnapshots": self.inline_snapshots,
             "restoreInlineBytes": self.inline_bytes,
             "restoreDownloadMs": self.download_ms,
+            "restoreIngestMs": self.ingest_ms,
             "restoreReplayMs": self.replay_ms,
             "restoreOpenMs": self.open_ms,
             "restoreMs": elapsed_ms(started),
