@@ -245,6 +245,9 @@ def main() -> None:
                         "batch_ms": first["durationMs"]["triggerExecution"],
                         "restore_ms": m.get("pystatestoreRestoreMs", 0),
                         "download_ms": m.get("pystatestoreRestoreDownloadMs", 0),
+                        "add_batch_ms": first["durationMs"].get("addBatch", 0),
+                        "load_ms": m.get("pystatestoreLoadMs", 0),
+                        "worker_start_ms": m.get("pystatestoreWorkerStartMs", 0),
                         "ingest_ms": m.get("pystatestoreRestoreIngestMs", 0),
                         "replay_ms": m.get("pystatestoreRestoreReplayMs", 0),
                         "open_ms": m.get("pystatestoreRestoreOpenMs", 0),
@@ -305,6 +308,17 @@ def report(
             f"{name:<26}{r['batch_ms']:>17.0f}{range_text(r, 'batch_ms', '.0f'):>14}{own}{checkpoint_mib[name]:>15.1f}"
         )
     lines.append("")
+    for name, r in results.items():
+        ours = PROVIDERS[runs[name][0]].ours
+        lines.append(
+            f"{name}: of the restart batch, addBatch {r['add_batch_ms']:.0f} ms"
+            + (
+                f"; the JVM's loads {r['load_ms']:.0f} ms and waiting for a state worker to start "
+                f"{r['worker_start_ms']:.0f} ms, summed over partitions"
+                if ours
+                else ""
+            )
+        )
     for name, (mib, cold, warm) in floors.items():
         restore = results[name]["restore_ms"]
         lines.append(
