@@ -15,6 +15,11 @@
 #
 #   bash scripts/model_check.sh            run the chunks still missing, then print the tally
 #   bash scripts/model_check.sh --status   print the tally only
+#   touch .test-results/model-check/STOP   start no new chunk (the running ones finish and count);
+#                                          the next run removes it
+#
+# A chunk whose pytest was ended by a signal (a machine needed for something else) is neither
+# passed nor failed: it is not recorded, and runs again next time.
 #
 # Exit 0 only when every state machine has all its histories passed on the current code.
 set -euo pipefail
@@ -69,9 +74,15 @@ run_chunk() {  # machine, chunk index
     echo "model_check: the code under test changed since this run started: run it again" >&2
     return 1
   fi
-  if PYSTATESTORE_MODEL_PROFILE=thorough PYSTATESTORE_MODEL_EXAMPLES=$chunk .venv/bin/python -m pytest -q \
+  local rc=0
+  PYSTATESTORE_MODEL_PROFILE=thorough PYSTATESTORE_MODEL_EXAMPLES=$chunk .venv/bin/python -m pytest -q \
     -p no:cacheprovider -o timeout=0 --hypothesis-seed="$k" --hypothesis-show-statistics \
-    "tests/test_model.py::$m" > "$log" 2>&1; then
+    "tests/test_model.py::$m" > "$log" 2>&1 || rc=$?
+  if [ "$rc" -gt 128 ] || ! grep -qE '(passed|failed|error)' "$log"; then  # killed, not judged
+    echo "model_check: $m chunk $k/$chunks: interrupted (exit $rc); not recorded" >&2
+    return 1
+  fi
+  if [ "$rc" -eq 0 ]; then
     result="passed ($(grep -oE '[0-9]+ passing, [0-9]+ failing, and [0-9]+ invalid' "$log" | head -1))"
   else
     result="FAILED (log: $log; replay: PYSTATESTORE_MODEL_PROFILE=thorough PYSTATESTORE_MODEL_EXAMPLES=$chunk"
@@ -91,11 +102,13 @@ echo "model_check: code $code, $chunks chunks of $chunk histories per state mach
 echo "model_check: test_the_model_configuration_compacts"
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_model.py::test_the_model_configuration_compacts \
   > "$logs/configuration.log" 2>&1 || { echo "model_check: the model's configuration no longer compacts ($logs/configuration.log)"; exit 1; }
+rm -f "$logs/STOP"
 running=0
 for k in $(seq 1 "$chunks"); do  # chunk-major, so every machine advances alike
   for m in "${machines[@]}"; do
     passed_chunk "$m" "$k" && continue
     if [ "$running" -ge "$jobs" ]; then wait -n || true; running=$((running - 1)); fi
+    if [ -e "$logs/STOP" ]; then echo "model_check: $logs/STOP: no new chunk started"; break 2; fi
     run_chunk "$m" "$k" &
     running=$((running + 1))
   done
