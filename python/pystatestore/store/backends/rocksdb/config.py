@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import rocksdict
 
@@ -113,36 +114,41 @@ class RocksDBConfig:
 
 def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int, store: str) -> int:
     """The whole-number conf `name` (unset: `default`); a clear error when it is not one of at least `minimum`."""
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise StoreConfigError(
-            f"{name}={raw!r} is not a whole number of at least {minimum}",
-            store=store,
-            advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name}.",
-        )
-    return value
+    return _number_option(
+        options, name, default, int, lambda v: v >= minimum, f"a whole number of at least {minimum}", store
+    )
 
 
 def fraction_option(options: Mapping[str, str], name: str, default: float, *, store: str) -> float:
-    """The conf `name` as a number from 0 to 1 (unset: `default`); a clear error otherwise."""
+    """The conf `name` as a number from 0 to 1 (unset: `default`; 0 turns its rule off)."""
+    return _number_option(options, name, default, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1", store)
+
+
+N = TypeVar("N", int, float)
+
+
+def _number_option(
+    options: Mapping[str, str],
+    name: str,
+    default: N,
+    parse: Callable[[str], N],
+    valid: Callable[[N], bool],
+    what: str,
+    store: str,
+) -> N:
+    """The conf `name` parsed (unset: `default`); an error naming the conf unless it parses and is `valid`."""
     raw = options.get(name)
     if raw is None:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
+        value = None
+    if value is None or not valid(value):
         raise StoreConfigError(
-            f"{name}={raw!r} is not a number from 0 to 1",
+            f"{name}={raw!r} is not {what}",
             store=store,
-            advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name} (0 turns the rule off).",
+            advice=f"Fix or unset spark.sql.streaming.stateStore.pystatestore.{name}.",
         )
     return value
 
