@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from ... import changelog, frames
 from ...errors import CheckpointDamagedError
 from ...manifest import Manifest
-from ...transfer import download_all
+from ...transfer import TransferStats, download_all
 from ..context import elapsed_ms
 from .config import APPLY_CHUNK_ROWS
 from .restore_stats import RestoreStats
@@ -40,7 +40,7 @@ class SegmentDownloads:
 
     def __init__(self, b: PhaseBackend, chain: list[Manifest], restore: RestoreStats) -> None:
         self.b, self.restore = b, restore
-        self.pending: dict[tuple[int, str], Future[Path]] = {}
+        self.pending: dict[tuple[int, str], Future[tuple[Path, TransferStats]]] = {}
         wanted = [m for m in chain if m.changes is not None and not changes_on_host(b, m)]
         self.dir = b.db.fresh_dir("segments") if wanted else None
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(b.config.threads, len(wanted)))) if wanted else None
@@ -48,14 +48,14 @@ class SegmentDownloads:
             assert self.pool is not None and self.dir is not None and m.changes is not None
             self.pending[(m.version, m.manifest_id)] = self.pool.submit(self._download, m, self.dir)
 
-    def _download(self, m: Manifest, directory: Path) -> Path:
+    def _download(self, m: Manifest, directory: Path) -> tuple[Path, TransferStats]:
+        """On a pool thread; `take` counts it on the restore's own thread, so counts never race."""
         assert m.changes is not None
         name = f"segment-{m.version}-{m.manifest_id}"
         stats = download_all(
             self.b.remote, [(m.changes.ref, name)], directory, 1, version=m.version, hook=self.b.fault_point
         )
-        self.restore.downloaded(stats)
-        return directory / name
+        return directory / name, stats
 
     def take(self, m: Manifest) -> bytes | None:
         """`m`'s segment once downloaded (the time waited counts as download time); None if it
@@ -64,8 +64,9 @@ class SegmentDownloads:
         if future is None:
             return None
         started = time.perf_counter()
-        path = future.result()
+        path, stats = future.result()
         self.restore.download_ms += elapsed_ms(started)
+        self.restore.downloaded(stats)
         try:
             return path.read_bytes()
         finally:
