@@ -303,15 +303,13 @@ def snapshot_due_at(b: PhaseBackend, version: int | None) -> bool:
     if db.snapshot_at is None:
         return True
     changes = db.changes_since_snapshot(version)
-    return snapshot_due_for(b, version - db.snapshot_at, changes, db.snapshot_bytes, at_commit=True)
+    return snapshot_due_for(b, version - db.snapshot_at, changes, db.snapshot_bytes)
 
 
-def snapshot_due_for(
-    b: PhaseBackend, deltas: int, changes_bytes: int, snapshot_bytes: int, *, at_commit: bool = False
-) -> bool:
+def snapshot_due_for(b: PhaseBackend, deltas: int, changes_bytes: int, snapshot_bytes: int) -> bool:
     """Whether a chain of `deltas` changelog versions, their changes `changes_bytes` stored, after a
     snapshot of `snapshot_bytes` (0: none, the chain starts at version 1) is due a new snapshot:
-    minDeltasForSnapshot versions, changelogMaxBytes of changes (maintenance only, as before), or
+    minDeltasForSnapshot versions, changelogMaxBytes of changes, or
     changes a restore would take longer to replay than to read a snapshot of the whole state
     (decision 0041): a fraction (snapshotChangesFraction) of the snapshot, once they are worth a
     replay at all."""
@@ -319,7 +317,7 @@ def snapshot_due_for(
         return False
     if deltas >= b.ctx.min_deltas_for_snapshot:
         return True
-    if not at_commit and changes_bytes >= b.config.changelog_max_bytes:
+    if changes_bytes >= b.config.changelog_max_bytes:
         return True
     fraction = b.config.snapshot_changes_fraction
     return fraction > 0 and changes_bytes >= max(REPLAY_WORTH_A_SNAPSHOT_BYTES, fraction * snapshot_bytes)

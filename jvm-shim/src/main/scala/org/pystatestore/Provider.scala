@@ -338,10 +338,14 @@ abstract class PythonStateStoreProviderCore extends StateStoreProvider with Chan
   /** Makes the snapshot a commit made due, off the task's thread (see SnapshotRequests). */
   private def requestSnapshot(): Unit = if (!closed && snapshotRequested.compareAndSet(false, true)) {
     SnapshotRequests.submit { () =>
-      try if (!closed) maintain(MaintainSnapshot)
+      try if (!closed) makeRequestedSnapshot()
       finally snapshotRequested.set(false)
     }
   }
+
+  /** The snapshot maintenance a commit asked for; a minor whose maintenance has preconditions
+   * (4.3: not on an unloaded provider) overrides this with them. */
+  protected def makeRequestedSnapshot(): Unit = maintain(MaintainSnapshot)
 
   /** Spark's SnapshotLastUploaded instance metric of this store, for a store's metrics. */
   private[pystatestore] def instanceMetrics: Map[StateStoreInstanceMetric, Long] = Map(

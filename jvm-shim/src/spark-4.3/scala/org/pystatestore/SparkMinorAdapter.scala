@@ -16,6 +16,15 @@ class PythonStateStoreProvider extends PythonStateStoreProviderCore with Provide
   override def doSnapshotMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainSnapshot)
 
   override def doCleanupMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainCleanup)
+
+  /** A snapshot a commit asked for is snapshot maintenance too: under the same read lock, so that it
+   * neither runs on an unloaded provider nor overlaps Spark closing one under the write lock. */
+  override protected def makeRequestedSnapshot(): Unit = {
+    val lock = maintenanceLock.readLock()
+    lock.lock()
+    try doSnapshotMaintenance()
+    finally lock.unlock()
+  }
 }
 
 class PythonReadStateStore private[pystatestore] (provider: PythonStateStoreProviderCore, loaded: LoadedVersion)
