@@ -3,7 +3,8 @@ restarted in a new driver JVM whose spark.local.dir and pystatestore localRecove
 every provider restores from the checkpoint alone; the restart's first batch (1,000 keys spread over
 the state) is timed. Beside it: pystatestore restarted on the same host (its local recovery copies
 kept), and the floor of reading the bytes our restore reads once from the checkpoint (`cat` of the
-files, cold and warm page cache).
+files, cold and warm page cache), and each provider's first batch of a new query with no state yet
+(same input, new driver JVM): a restart batch less that is what restoring state costs it.
 
 Workloads (issue 67's): (a) 8M keys written in 4 batches, 4 partitions; (b) 32M keys in 8 batches,
 a 1 GiB heap; (c) 100k keys, then 59 batches each updating 1% of them, 200 partitions. Spark's
@@ -52,6 +53,9 @@ class Workload:
     driver_memory: str
     batches: list[tuple[int, int]]  # per input file: (first key, keys) of new keys, or (-1, n): n random updates
     total_keys: int
+
+
+EMPTY_STATE = {"rocksdb": "spark-rocksdb-empty-state", "pss-changelog": "pss-empty-state"}
 
 
 def workload_of(name: str, scale: float) -> Workload:
@@ -171,6 +175,10 @@ def main() -> None:
         "spark-rocksdb-changelog": ("rocksdb-changelog", True),
         "pss-new-host": ("pss-changelog", True),
         "pss-same-host": ("pss-changelog", False),
+        # The same first batch of a query with no state yet, in a new driver JVM: what a restart batch
+        # costs besides restoring state (JVM warm-up, planning, the job), for each provider.
+        EMPTY_STATE["rocksdb"]: ("rocksdb", True),
+        EMPTY_STATE["pss-changelog"]: ("pss-changelog", True),
     }
     for variant in args.ours_from:
         try:
@@ -198,6 +206,9 @@ def main() -> None:
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with watching_load() as load:
         for name in names:
+            if name in EMPTY_STATE.values():
+                checkpoint_mib[name] = 0.0
+                continue
             load.phase = f"{name} build"
             print(f"bench_new_host: building {name}", flush=True)
             input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
@@ -228,6 +239,9 @@ def main() -> None:
                 load.phase = name
                 print(f"bench_new_host: restart {restart + 1}/{args.repeat}: {name}", flush=True)
                 input_dir, checkpoint = work / f"in-{name}", work / f"ckpt-{name}"
+                if name in EMPTY_STATE.values():  # a new query each time
+                    input_dir, checkpoint = work / f"in-{name}-{restart}", work / f"ckpt-{name}-{restart}"
+                    input_dir.mkdir()
                 write_restart_input(input_dir, w, restart)
                 sql, session = jvm_conf(name, f"restart{restart}")
                 first = run_query_in_own_jvm(
@@ -328,12 +342,22 @@ def report(
     spark, spark_cl = results["spark-rocksdb"]["batch_ms"], results["spark-rocksdb-changelog"]["batch_ms"]
     same = results["pss-same-host"]["batch_ms"]
     for name, (_, new_host) in runs.items():
-        if PROVIDERS[runs[name][0]].ours and new_host:
+        if PROVIDERS[runs[name][0]].ours and new_host and name not in EMPTY_STATE.values():
             b = results[name]["batch_ms"]
             lines.append(
                 f"restart batch, {name} / Spark RocksDB: {b / spark:.2f}x; / Spark RocksDB changelog: "
                 f"{b / spark_cl:.2f}x; / pss-same-host: {b / same:.2f}x"
             )
+    # What state costs a restart batch: the batch less the same provider's empty-state first batch.
+    state_ms = {
+        name: results[name]["batch_ms"] - results[EMPTY_STATE[runs[name][0]]]["batch_ms"]
+        for name in ("spark-rocksdb", "pss-new-host", "pss-same-host")
+    }
+    lines.append(
+        "restart batch less the empty-state first batch (what restoring state costs the batch): "
+        + ", ".join(f"{name} {ms:.0f} ms" for name, ms in state_ms.items())
+        + f"; pss-new-host / Spark RocksDB: {state_ms['pss-new-host'] / max(state_ms['spark-rocksdb'], 1):.2f}x"
+    )
     ratio = checkpoint_mib["pss-new-host"] / checkpoint_mib["spark-rocksdb"]
     lines.append(f"checkpoint bytes, pss-new-host / Spark RocksDB: {ratio:.2f}x")
     text = "\n".join(lines) + "\n"
