@@ -17,13 +17,15 @@ class PythonStateStoreProvider extends PythonStateStoreProviderCore with Provide
 
   override def doCleanupMaintenance(): Unit = if (!unloaded) maintain(ProviderCore.MaintainCleanup)
 
-  /** A snapshot a commit asked for is snapshot maintenance too: under the same read lock, so that it
-   * neither runs on an unloaded provider nor overlaps Spark closing one under the write lock. */
+  /** A snapshot a commit asked for is snapshot maintenance too: under the same read lock, taken as
+   * Spark's maintenance takes it (without waiting), so that it neither runs on an unloaded provider
+   * nor overlaps Spark closing one. Skipped, it stays due: the next commit or maintenance makes it. */
   override protected def makeRequestedSnapshot(): Unit = {
     val lock = maintenanceLock.readLock()
-    lock.lock()
-    try doSnapshotMaintenance()
-    finally lock.unlock()
+    if (lock.tryLock()) {
+      try doSnapshotMaintenance()
+      finally lock.unlock()
+    }
   }
 }
 
