@@ -302,22 +302,18 @@ def snapshot_due_at(b: PhaseBackend, version: int | None) -> bool:
         return False
     if db.snapshot_at is None:
         return True
-    changes = db.changes_since_snapshot(version)
-    return snapshot_due_for(b, version - db.snapshot_at, changes, db.snapshot_bytes)
+    return snapshot_due_for(b, version - db.snapshot_at, db.changes_since_snapshot(version), db.snapshot_bytes)
 
 
 def snapshot_due_for(b: PhaseBackend, deltas: int, changes_bytes: int, snapshot_bytes: int) -> bool:
     """Whether a chain of `deltas` changelog versions, their changes `changes_bytes` stored, after a
     snapshot of `snapshot_bytes` (0: none, the chain starts at version 1) is due a new snapshot:
-    minDeltasForSnapshot versions, changelogMaxBytes of changes, or
-    changes a restore would take longer to replay than to read a snapshot of the whole state
-    (decision 0041): a fraction (snapshotChangesFraction) of the snapshot, once they are worth a
-    replay at all."""
+    minDeltasForSnapshot versions, changelogMaxBytes of changes, or changes a restore would take
+    longer to replay than to read a snapshot of the whole state (decision 0041): a fraction
+    (snapshotChangesFraction) of the snapshot, once they are worth a replay at all."""
     if deltas <= 0:
         return False
-    if deltas >= b.ctx.min_deltas_for_snapshot:
-        return True
-    if changes_bytes >= b.config.changelog_max_bytes:
+    if deltas >= b.ctx.min_deltas_for_snapshot or changes_bytes >= b.config.changelog_max_bytes:
         return True
     fraction = b.config.snapshot_changes_fraction
     return fraction > 0 and changes_bytes >= max(REPLAY_WORTH_A_SNAPSHOT_BYTES, fraction * snapshot_bytes)
