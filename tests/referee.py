@@ -6,7 +6,8 @@ product's manifest parser, chain walk or garbage collection cannot hide from it 
 itself. Chaos, the model test and the GC tests judge with it.
 
 For a store it says:
-- *lost*: a file a manifest names that is missing, or whose size or CRC-32 differs; data stored
+- *lost*: a file a manifest names that is missing (but for the changes file of a version that has a
+  snapshot, which the store deletes once the snapshot exists), or whose size or CRC-32 differs; data stored
   inside a manifest or snapshot whose size or CRC-32 differs; a retained version whose manifest is
   missing or unreadable, or whose changelog chain breaks before a snapshot (a missing parent
   manifest, or a parent that is another attempt than the one its child was committed on);
@@ -72,6 +73,7 @@ def judge_store(
     now: float | None = None,
     grace_seconds: float = 0.0,
     in_flight_seconds: float | None = None,
+    snapshotted_changes_kept: bool = False,
 ) -> StoreVerdict:
     """Judges one store directory.
 
@@ -83,7 +85,8 @@ def judge_store(
     on it): their chains are not judged. `grace_seconds` is the
     store's orphanGraceSeconds: a snapshot younger than it keeps the chain before it. Files modified
     less than `in_flight_seconds` (default: the grace) before `now` are never orphans: they may
-    belong to a commit in flight (0 once the query has stopped).
+    belong to a commit in flight (0 once the query has stopped). `snapshotted_changes_kept`: the
+    store keeps the changes files of versions that have a snapshot (keepSnapshottedChanges).
     """
     store = Path(store)
     now = time.time() if now is None else now
@@ -93,10 +96,13 @@ def judge_store(
     verdict.versions = sorted({v for v, _ in manifests})
     snapshots = _snapshots(store, manifests, verdict)
 
-    # Every file a present manifest or snapshot names must be there, whole.
-    for _key, (rel, doc) in sorted(manifests.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    # Every file a present manifest or snapshot names must be there, whole; but the changes file of
+    # a changelog version that has a snapshot is deleted once the snapshot exists (unless the store
+    # keeps them): there it is optional, and an orphan once old.
+    for (v, _cid), (rel, doc) in sorted(manifests.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         verdict.needed.add(rel)
-        _check_refs(store, rel, doc, verdict)
+        snapshotted = doc.get("kind", "snapshot") == "changelog" and (v, doc.get("manifest_id")) in snapshots
+        _check_refs(store, rel, doc, verdict, changes_optional=snapshotted and not snapshotted_changes_kept)
     for _key, (rel, doc) in sorted(snapshots.items()):
         verdict.needed.add(rel)
         _check_refs(store, rel, doc, verdict)
@@ -259,8 +265,12 @@ def _safe_relative(path: Any) -> bool:
     )
 
 
-def _check_refs(store: Path, rel: str, doc: dict[str, Any], verdict: StoreVerdict) -> None:
+def _check_refs(
+    store: Path, rel: str, doc: dict[str, Any], verdict: StoreVerdict, *, changes_optional: bool = False
+) -> None:
     for what, ref in _refs(doc):
+        if changes_optional and what == "changes" and "data" not in ref:
+            continue  # neither needed nor lost: an orphan once old, if still there
         if (
             not isinstance(ref, dict)
             or not isinstance(ref.get("size"), int)

@@ -93,7 +93,8 @@ DURABLE_FROM = COMMIT_POINTS.index("commit:manifest-written")  # a crash from he
 # What each commit path passes (and what it does not): a crash is drawn only where it can happen.
 DURABLE_FIRST_ONLY = {"commit:frame-read", "apply:started", "apply:written", "apply:ingested", "apply:checkpointed"}
 APPLYING_FIRST_ONLY = {"commit:flushed", "commit:checkpointed"}
-MATERIALIZE_POINTS = ["upload:file", "materialize:uploaded", "materialize:published"]
+# published: the snapshot is durable, the version's changes file not yet deleted (decision 0043)
+MATERIALIZE_POINTS = ["upload:file", "materialize:uploaded", "materialize:published", "materialize:truncated"]
 
 
 MODEL_OPTIONS = {"rocksdb.l0CompactionTrigger": "2", "transferThreads": "2"}
@@ -648,10 +649,11 @@ class BackendModel(RuleBasedStateMachine):
 
 
 class ChangelogModel(BackendModel):
-    """Changelog commits; maintenance snapshots as RocksDB checkpoints (SSTs reused between them)."""
+    """Changelog commits; maintenance snapshots as RocksDB checkpoints (SSTs reused between them).
+    The larger commits' changes go to changelog/ files, which a snapshot of their version deletes."""
 
     MODE = "changelog"
-    OPTIONS = {"compactSnapshotMaxBytes": "0"}
+    OPTIONS = {"compactSnapshotMaxBytes": "0", "inlineThresholdBytes": "64"}
     DURABLE_FIRST = True  # the service's default; CompactChangelogModel keeps applying first
 
 

@@ -76,14 +76,17 @@ def bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> Bucket:
 def referenced_files(bucket: Bucket, store: str) -> dict[str, int]:
     """Every data file the store's manifests and snapshot manifests name, with its size, parsed
     from the raw JSON in the bucket (the stored format: `shared`/`private` name -> {path, size} or
-    inline data; `changes` -> {path, size} or data)."""
+    inline data; `changes` -> {path, size} or data). A changelog version that has a snapshot
+    (`snapshots/<version>-<manifest id>.json`) needs no changes file: it goes with the snapshot."""
     needed: dict[str, int] = {}
-    for key in bucket.objects(store):
+    keys = bucket.objects(store)
+    for key in keys:
         if not re.fullmatch(r"(manifests/\d+|snapshots/\d+-[0-9a-f]+)\.json", key):
             continue
         doc = json.loads(bucket.read(f"{store}/{key}"))
         refs = [*doc.get("shared", {}).values(), *doc.get("private", {}).values()]
-        if doc.get("changes"):
+        snapshotted = key.startswith("manifests/") and f"snapshots/{doc['version']}-{doc['manifest_id']}.json" in keys
+        if doc.get("changes") and not snapshotted:
             refs.append(doc["changes"])
         for ref in refs:
             if ref.get("path"):

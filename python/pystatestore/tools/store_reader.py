@@ -158,8 +158,11 @@ class StoreReader:
         where they hold it all, else restored (see `pairs`)."""
         chain = self._segment_chain(version)
         if chain is not None:
-            with self._download_progress(version):
-                return self._state_from_segments(version, chain)
+            try:
+                with self._download_progress(version):
+                    return self._state_from_segments(version, chain)
+            except CheckpointMissingError:
+                pass  # a version's changes went once it had a snapshot (decision 0043): restore instead
         pairs = list(self.pairs(version))
         return pa.table(
             [_binary_array([k for k, _ in pairs]), _binary_array([v for _, v in pairs])], names=["key", "value"]

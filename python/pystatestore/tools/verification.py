@@ -143,6 +143,8 @@ def _verify_store(
             if made is not None:
                 refs.update({r.path: r for r in made.files()})
                 holders.append((snap.path, made))
+                if start.changes is not None and start.changes.ref.path not in needed:
+                    refs.pop(start.changes.ref.path, None)  # deleted once the snapshot was made (0043)
         if deep:
             for holder, held in holders:
                 if holder not in checked:

@@ -55,6 +55,8 @@ class StateBackend(abc.ABC):
     # its heap) or "view" (load and commit leave a RocksDB checkpoint the JVM opens read-only).
     read_path: str = "frame"
     key_encodings: tuple[str, ...] = (KEY_ENCODING_RAW,)
+    # Whether a changelog version's changes file stays once a snapshot of it exists (decision 0043).
+    keeps_snapshotted_changes: bool = True
 
     def __init__(self, ctx: StoreContext, remote: RemoteStore) -> None:
         validate_grace(ctx.orphan_grace_seconds, store=ctx.store_dir)

@@ -41,6 +41,7 @@ class CollectedStore(Protocol):
     ctx: StoreContext
     remote: RemoteStore
     parsed: ParsedManifests
+    keeps_snapshotted_changes: bool
 
     def read_any_manifest(self, version: int, checkpoint_id: str | None = None) -> Manifest: ...
 
@@ -178,21 +179,26 @@ def dependencies(
     grace period, the chain back to the snapshot before it counts too: restores that began
     before the new snapshot appeared are still walking it, and a snapshot being made may reuse
     its files. Older chains go: a long-running query keeps about `minBatchesToRetain` versions
-    plus one snapshot interval, not everything of the last grace period."""
-    needed = {f.path for f in m.files()}
+    plus one snapshot interval, not everything of the last grace period. A version that has a
+    snapshot needs no changes file of its own (decision 0043): the snapshot holds its state, and
+    the file goes unless the backend keeps them (for the change feed)."""
     if not m.is_changelog:
-        return needed
+        return {f.path for f in m.files()}
+    needed: set[str] = set()
     grace = b.ctx.orphan_grace_seconds
     found = 0
     for c in b.chain_back(m, cache):
         needed.add(c.path)
-        needed.update(f.path for f in c.files())
         if not c.is_changelog:
+            needed.update(f.path for f in c.files())
             break
         snap = snapshots.get((c.version, c.manifest_id))
         materialized = _listed_snapshot(b, snap, c, now) if snap is not None else None
         if snap is None or materialized is None:
+            needed.update(f.path for f in c.files())
             continue
+        if b.keeps_snapshotted_changes:
+            needed.update(f.path for f in c.files())
         needed.add(snap.path)
         needed.update(f.path for f in materialized.files())
         found += 1

@@ -67,6 +67,7 @@ class RocksDBBackend(StateBackend):
         super().__init__(*args, **kwargs)
         store, opts = self.ctx.store_dir, self.ctx.options
         self.config = RocksDBConfig.of(opts, store=store)
+        self.keeps_snapshotted_changes = self.config.keep_snapshotted_changes
         base = Path(self.ctx.local_dir or tempfile.gettempdir()) / "rocksdb"
         base.mkdir(parents=True, exist_ok=True)
         work_dir = Path(tempfile.mkdtemp(prefix=f"op{self.ctx.operator_id}-p{self.ctx.partition_id}-", dir=base))

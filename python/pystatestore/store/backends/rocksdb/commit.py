@@ -411,21 +411,28 @@ def check_base_intact(b: PhaseBackend, base: Manifest) -> None:
     a version published on a removed base could never be loaded."""
     current = b.read_manifest(base.version, base.checkpoint_id)
     b.check_base(base.version, current.manifest_id, base.manifest_id)
+    missing = _missing_for_restore(b, current)
+    if missing is not None and missing.startswith("changelog/"):
+        missing = _missing_for_restore(b, current)  # a snapshot may have replaced it meanwhile (0043)
+    if missing is not None:
+        raise CheckpointMissingError(
+            f"version {base.version}, which this commit builds on, lost a file to garbage collection "
+            "while the commit ran (it is older than the versions spark.sql.streaming.minBatchesToRetain keeps)",
+            store=b.ctx.store_dir,
+            version=base.version,
+            file=missing,
+            advice="Nothing was published for this attempt. Spark retries the task; if the retry fails the "
+            "same way, the batch being re-run is older than the checkpoint retains: restart the query from "
+            "its newest batch or raise spark.sql.streaming.minBatchesToRetain.",
+        )
+
+
+def _missing_for_restore(b: PhaseBackend, m: Manifest) -> str | None:
+    """The first file a restore of `m` reads that is not there (None: all are)."""
     snapshots = {key: f for f in b.remote.list_files(SNAPSHOT_DIR) if (key := snapshot_of(f.path))}
     # At an infinite `now` every snapshot is settled: the chain back to the nearest one, what a restore reads.
-    needed = b.dependencies(current, snapshots=snapshots, now=math.inf) | {current.path}
-    for path in sorted(needed):
-        if not b.remote.exists(path):
-            raise CheckpointMissingError(
-                f"version {base.version}, which this commit builds on, lost a file to garbage collection "
-                "while the commit ran (it is older than the versions spark.sql.streaming.minBatchesToRetain keeps)",
-                store=b.ctx.store_dir,
-                version=base.version,
-                file=path,
-                advice="Nothing was published for this attempt. Spark retries the task; if the retry fails the "
-                "same way, the batch being re-run is older than the checkpoint retains: restart the query from "
-                "its newest batch or raise spark.sql.streaming.minBatchesToRetain.",
-            )
+    needed = b.dependencies(m, snapshots=snapshots, now=math.inf) | {m.path}
+    return next((path for path in sorted(needed) if not b.remote.exists(path)), None)
 
 
 # A changelog commit keeps a local copy, whatever the interval, once a restore from the last copy

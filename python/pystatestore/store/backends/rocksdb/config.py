@@ -75,6 +75,9 @@ class RocksDBConfig:
     local_copy_interval: int
     snapshot_changes_fraction: float = DEFAULT_SNAPSHOT_CHANGES_FRACTION
     durable_first: bool = True  # commits return once durable, the local DB is brought up after (0032)
+    # A version's changes file stays after a snapshot of it exists (decision 0043): the change feed
+    # of every retained version, at the cost of storing each snapshotted version twice.
+    keep_snapshotted_changes: bool = False
 
     @classmethod
     def of(cls, options: Mapping[str, str], *, store: str) -> RocksDBConfig:
@@ -89,19 +92,12 @@ class RocksDBConfig:
         def whole(name: str, default: int, minimum: int) -> int:
             return int_option(options, name, default, minimum=minimum, store=store)
 
-        durable_first = options.get("durableFirstCommit", "true").strip().lower()
-        if durable_first not in ("true", "false"):
-            raise StoreConfigError(
-                f"durableFirstCommit={options['durableFirstCommit']!r} is not true or false",
-                store=store,
-                advice="Set spark.sql.streaming.stateStore.pystatestore.durableFirstCommit to true (the default) "
-                "or false.",
-            )
         return cls(
             snapshot_changes_fraction=fraction_option(
                 options, "snapshotChangesFraction", DEFAULT_SNAPSHOT_CHANGES_FRACTION, store=store
             ),
-            durable_first=durable_first == "true",
+            durable_first=bool_option(options, "durableFirstCommit", True, store=store),
+            keep_snapshotted_changes=bool_option(options, "keepSnapshottedChanges", False, store=store),
             mode=mode,
             inline_bytes=whole("inlineThresholdBytes", DEFAULT_INLINE_BYTES, 0),
             changelog_max_bytes=whole("changelogMaxBytes", DEFAULT_CHANGELOG_MAX_BYTES, 1),
@@ -117,6 +113,21 @@ def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: 
     return _number_option(
         options, name, default, int, lambda v: v >= minimum, f"a whole number of at least {minimum}", store
     )
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool, *, store: str) -> bool:
+    """The conf `name` as true or false (unset: `default`); a clear error naming it otherwise."""
+    raw = options.get(name)
+    if raw is None:
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise StoreConfigError(
+            f"{name}={raw!r} is not true or false",
+            store=store,
+            advice=f"Set spark.sql.streaming.stateStore.pystatestore.{name} to true or false "
+            f"(unset, it is {str(default).lower()}).",
+        )
+    return raw.strip().lower() == "true"
 
 
 def fraction_option(options: Mapping[str, str], name: str, default: float, *, store: str) -> float:

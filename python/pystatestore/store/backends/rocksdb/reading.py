@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ...errors import CheckpointDamagedError, StoreConfigError, VersionReplacedError
+from ...errors import (
+    CheckpointDamagedError,
+    CheckpointMissingError,
+    StateStoreError,
+    StoreConfigError,
+    VersionReplacedError,
+)
 from ...manifest import (
     MANIFEST_DIR,
     SNAPSHOT_DIR,
@@ -24,7 +30,7 @@ from ...manifest import (
     version_of_manifest,
 )
 from ..context import LoadResult, elapsed_ms
-from .replay import replay_chain, segment_batches
+from .replay import changes_truncated, replay_chain, segment_batches
 from .restore import ensure_at, restore_snapshot
 from .restore_stats import RestoreStats
 
@@ -130,7 +136,10 @@ def replay_from_snapshot(
         )
     restore = RestoreStats()
     restore_snapshot(b, base, restore, own_manifest=own_manifest)
-    replay_chain(b, list(reversed(chain)), restore)
+    try:
+        replay_chain(b, list(reversed(chain)), restore)
+    except CheckpointMissingError as e:
+        raise truncated_changes_error(b, e, f"replaying version {end_version} from snapshot {snapshot_version}") from e
     b.db.set_version(end.version, end)
     return leave_view(b, target, restore.cost(started))
 
@@ -175,7 +184,26 @@ def changes(
                 advice="The change feed needs changelog commits: read from a batch committed with "
                 "spark.sql.streaming.stateStore.pystatestore.commitMode=changelog (the default).",
             )
-        yield from ((v, batch) for batch in segment_batches(b, m))
+        try:
+            yield from ((v, batch) for batch in segment_batches(b, m))
+        except CheckpointMissingError as e:
+            raise truncated_changes_error(b, e, "the change feed") from e
+
+
+def truncated_changes_error(b: PhaseBackend, e: CheckpointMissingError, reading: str) -> StateStoreError:
+    """`e`, or when its file is the changes of a version that has a snapshot (deleted once the
+    snapshot was made, decision 0043), an error that says so and what to set."""
+    if not changes_truncated(b, e):
+        return e
+    return StoreConfigError(
+        f"{reading} needs the changes of version {e.version}, which were deleted once a snapshot of that version "
+        "was made (the snapshot holds its state, not its changes)",
+        store=b.ctx.store_dir,
+        version=e.version,
+        file=e.file,
+        advice="Read from a later version, or set spark.sql.streaming.stateStore.pystatestore.keepSnapshottedChanges"
+        "=true to keep every retained version's changes (versions snapshotted before that keep none).",
+    )
 
 
 def view_target(b: PhaseBackend, view_dir: str | None, version: int) -> Path:

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ... import changelog, frames
-from ...errors import CheckpointDamagedError
-from ...manifest import Manifest
+from ...errors import CheckpointDamagedError, CheckpointMissingError
+from ...manifest import SNAPSHOT_DIR, Manifest, snapshot_of
 from ...transfer import TransferStats, download_all
 from ..context import elapsed_ms
 from .config import APPLY_CHUNK_ROWS
@@ -225,6 +225,15 @@ def _changes_of(
         return (tmp / "segment").read_bytes()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def changes_truncated(b: PhaseBackend, error: CheckpointMissingError) -> bool:
+    """Whether the missing file of `error` is a version's changes file deleted because a snapshot
+    of that version now exists (snapshots.truncate_changes): whoever planned to read it plans again
+    and finds the snapshot."""
+    if error.version is None or not (error.file or "").startswith("changelog/"):
+        return False
+    return any((key := snapshot_of(f.path)) and key[0] == error.version for f in b.remote.list_files(SNAPSHOT_DIR))
 
 
 def changes_on_host(b: PhaseBackend, m: Manifest) -> bool:

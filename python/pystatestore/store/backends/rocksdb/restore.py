@@ -20,7 +20,7 @@ from ...remote import local_file_in
 from ...transfer import TransferStats, download_all
 from ..context import elapsed_ms
 from .local_db import take_local_file
-from .replay import apply_segment, changes_on_host, replay_chain
+from .replay import apply_segment, changes_on_host, changes_truncated, replay_chain
 from .restore_stats import RestoreStats
 
 if TYPE_CHECKING:
@@ -35,7 +35,24 @@ def ensure_at(
     """Makes the local DB hold exactly `version`; returns its manifest and what it cost. A snapshot
     that is only in the checkpoint is passed over for an older local copy when every version in
     between has its changes on this host (or inside its manifest): a restart on the same host then
-    reads nothing from the checkpoint but manifests (Flink's local recovery)."""
+    reads nothing from the checkpoint but manifests (Flink's local recovery). A changes file deleted
+    under the restore because a snapshot of its version appeared meanwhile (decision 0043) makes
+    it plan once more, from that snapshot; a failed replay has already dropped the local DB."""
+    try:
+        return _restore(b, version, checkpoint_id)
+    except CheckpointMissingError as e:
+        if not changes_truncated(b, e):
+            raise
+        log.info(
+            "store %s: %s was folded into a snapshot while version %d was restored; restoring again",
+            b.ctx.store_dir,
+            e.file,
+            version,
+        )
+        return _restore(b, version, checkpoint_id)
+
+
+def _restore(b: PhaseBackend, version: int, checkpoint_id: str | None) -> tuple[Manifest | None, dict[str, int]]:
     db = b.db
     if version == 0:
         if db.version != 0:

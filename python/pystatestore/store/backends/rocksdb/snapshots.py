@@ -273,10 +273,24 @@ def finish_materialization(b: PhaseBackend, job: Materialization) -> None:
             "materializedVersion": m.version,
             "materializeFilesUploaded": len(uploaded),
             "materializeBytesUploaded": sum(r.size for r in uploaded),
+            "materializeChangesDeletedBytes": truncate_changes(b, m),
             "materializeMs": elapsed_ms(t),
         }
     finally:
         shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+
+
+def truncate_changes(b: PhaseBackend, m: Manifest) -> int:
+    """Deletes changelog version `m`'s changes file now that its snapshot is published (durably:
+    `publish` syncs it first), unless the store keeps them for the change feed (decision 0043,
+    Flink's changelog truncation after materialization). Returns the bytes freed. A restore that
+    planned to replay it before the snapshot appeared plans again (restore.ensure_at); a crash
+    before the delete leaves a file garbage collection removes."""
+    if b.config.keep_snapshotted_changes or m.changes is None or m.changes.ref.inline:
+        return 0
+    b.remote.delete(m.changes.ref.path)
+    b.fault_point("materialize:truncated")
+    return m.changes.ref.size
 
 
 def complete_materialization(b: PhaseBackend, job: Materialization) -> None:
