@@ -183,3 +183,29 @@ def test_a_cleanup_with_nothing_new_waits_at_most_the_recheck_interval(tmp_path:
         assert not third.exists(), f"no cleanup ran {CLEANUP_RECHECK_SECONDS + 1} s after the last one"
     finally:
         service.close_all()
+
+
+def test_a_snapshot_asked_for_during_an_upload_is_made_when_it_ends(tmp_path: Path) -> None:
+    """The shim asks for a snapshot at every commit that makes one due; one that comes while the
+    last is uploading is not dropped: the maker looks again when done, so the newest version of a
+    fast-growing state has its snapshot without waiting for Spark's next periodic maintenance."""
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    commit_ok(service, handle, tmp_path, 1, {b"a": b"1"}, [], 1)
+    commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [], 2)
+    backend = service._stores[handle].backend
+    uploading, release = hold_at(backend, "materialize:uploaded")
+    replies: list[dict] = []
+    worker = threading.Thread(target=lambda: replies.append(json.loads(service.maintenance(handle, "snapshot"))))
+    worker.start()
+    assert uploading.wait(30)
+    commit_ok(service, handle, tmp_path, 3, {b"c": b"3"}, [], 3)
+    commit_ok(service, handle, tmp_path, 4, {b"d": b"4"}, [], 4)  # two versions since 2: due
+    asked = json.loads(service.maintenance(handle, "snapshot"))
+    assert "materializedVersion" not in asked, asked  # returned at once: one is being made
+    release.set()
+    worker.join(30)
+    backend.fault_hook = None
+    assert replies and replies[0].get("materializedVersion") == 4, replies
+    made = sorted(p.name.split("-")[0] for p in (tmp_path / "store" / "snapshots").glob("*.json"))
+    assert made == ["2", "4"], made

@@ -89,6 +89,8 @@ class OpenStore:
         self.busy_with: str | None = None  # the call holding the lock, for "store busy" errors
         self.busy_since = 0.0
         self.snapshotting = False  # a snapshot is being made (uploaded without the lock)
+        # A call asked for a snapshot while one was being made: the maker looks again when done.
+        self.snapshot_asked_meanwhile = False
         # Work a call leaves to run under the lock after it replied (a durable-first commit's apply).
         self.work_left = WorkLeft()
         # What the durable-first applies came to: views left (for awaitView), the newest one's metrics.

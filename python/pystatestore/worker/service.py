@@ -231,32 +231,42 @@ class StoreService:
 
     def _snapshot(self, store: OpenStore, handle: str, *, force: bool) -> dict[str, Any]:
         """A snapshot of the newest changelog version if one is due (or `force`d). It is set up (hard
-        links) under the store's lock but uploaded without it, so commits never wait for an upload."""
-        with store.locked("maintenance (preparing a snapshot)", handle) as backend:
-            if store.snapshotting and not force:
-                return {}  # another call is making one: this one would upload the same again
-            job = backend.prepare_materialization(force=force)
-            if job is not None:
-                store.snapshotting = True
+        links) under the store's lock but uploaded without it, so commits never wait for an upload.
+        A call that finds one being made leaves it to the maker, which looks again once done: the
+        commits during an upload (a fast-growing state's next version) get their snapshot then,
+        not at the next periodic maintenance, which may never come before the query stops."""
         report: dict[str, Any] = {}
-        if job is None:
-            return report
-        try:
-            backend.finish_materialization(job)
-        except (StateStoreError, OSError) as e:
-            if force:
-                raise
-            # The chain stays as it is (restores replay a little more); collecting garbage
-            # must not wait on storage that refused an upload.
-            log.warning("store %s: making a snapshot failed, will retry: %s", handle, e)
-            report["materializeError"] = str(e)
-        finally:
-            with store.locked("maintenance (recording a snapshot)", handle):
-                backend.complete_materialization(job)
-                store.snapshotting = False
-                store.changed_since_cleanup = True  # older chains may have become garbage
-        report.update(getattr(job, "metrics", {}))
-        return report
+        while True:
+            with store.locked("maintenance (preparing a snapshot)", handle) as backend:
+                if store.snapshotting and not force:
+                    store.snapshot_asked_meanwhile = True
+                    return report  # another call is making one, and looks again when done
+                store.snapshot_asked_meanwhile = False
+                job = backend.prepare_materialization(force=force)
+                if job is not None:
+                    store.snapshotting = True
+            if job is None:
+                return report
+            try:
+                backend.finish_materialization(job)
+            except (StateStoreError, OSError) as e:
+                if force:
+                    raise
+                # The chain stays as it is (restores replay a little more); collecting garbage
+                # must not wait on storage that refused an upload.
+                log.warning("store %s: making a snapshot failed, will retry: %s", handle, e)
+                report["materializeError"] = str(e)
+                return report
+            finally:
+                with store.locked("maintenance (recording a snapshot)", handle):
+                    backend.complete_materialization(job)
+                    store.snapshotting = False
+                    store.changed_since_cleanup = True  # older chains may have become garbage
+                    again = store.snapshot_asked_meanwhile
+            report.update(getattr(job, "metrics", {}))
+            if not again:
+                return report
+            force = False
 
     def changes(self, handle: str, start_version: int, end_version: int, end_id: str, out_path: str) -> str:
         """Writes the change feed of versions start..end (inclusive; end's attempt `end_id`, unless "")
