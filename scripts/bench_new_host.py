@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchlib.build import reexec_under_pyspark
+from benchlib.child import run_child, with_scripts_path
 from benchlib.inputs import stamp_order
 from benchlib.providers import PROVIDERS, PSS, add_ours_from, sql_conf
 from benchlib.query import run_query_in_own_jvm
@@ -139,6 +140,19 @@ def _named_files(store: Path, doc: dict[str, Any]) -> list[Path]:
     return [store / r["path"] for r in refs if "path" in r]
 
 
+def restore_alone(state_dir: Path, repeat: int) -> dict[str, float]:
+    """Medians over `repeat` of every store restored in turn with nothing else running, the
+    checkpoint dropped from the page cache first (benchlib.restore_alone): comparable with the floor."""
+    runs = []
+    for _ in range(repeat):
+        evict_from_page_cache([p for p in state_dir.rglob("*") if p.is_file()])
+        child = run_child(["-m", "benchlib.restore_alone", str(state_dir)], env=with_scripts_path(), timeout=600)
+        if child.returncode != 0:
+            raise RuntimeError(f"restoring {state_dir} alone failed: {child.stderr[-2000:]}")
+        runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    return medians_over(runs)
+
+
 def evict_from_page_cache(files: list[Path]) -> None:
     """Drops `files` from the page cache (written back first), as a new host would find them."""
     os.sync()
@@ -208,6 +222,7 @@ def main() -> None:
 
     checkpoint_mib: dict[str, float] = {}
     floors: dict[str, tuple[float, float, float]] = {}
+    alone: dict[str, dict[str, float]] = {}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with watching_load() as load:
         for name in names:
@@ -239,6 +254,8 @@ def main() -> None:
                     read_once_ms(files, cold=True),
                     read_once_ms(files, cold=False),
                 )
+                if name == "pss-new-host":  # the installed package: --ours-from runs are other code
+                    alone[name] = restore_alone(checkpoint / "state", args.repeat)
         for restart in range(args.repeat):
             for name in rotation(names, restart):
                 load.phase = name
@@ -283,7 +300,7 @@ def main() -> None:
                 )
     shutil.rmtree(work, ignore_errors=True)
     results = {name: medians_over(s) for name, s in samples.items()}
-    print(report(args, code, load, spark_version, w, runs, results, checkpoint_mib, floors))
+    print(report(args, code, load, spark_version, w, runs, results, checkpoint_mib, floors, alone))
 
 
 def report(
@@ -296,6 +313,7 @@ def report(
     results: dict[str, dict[str, Any]],
     checkpoint_mib: dict[str, float],
     floors: dict[str, tuple[float, float, float]],
+    alone: dict[str, dict[str, float]],
 ) -> str:
     command = f".venv/bin/python scripts/bench_new_host.py --workload {args.workload} --repeat {args.repeat}"
     command += f" --pyspark {args.pyspark}" if args.pyspark else ""
@@ -347,6 +365,15 @@ def report(
             f"floor for {name}: reading the {mib:.1f} MiB its first restart reads once takes {cold:.0f} ms cold, "
             f"{warm:.0f} ms warm; its restore (summed over partitions) / cold floor: {restore / max(cold, 1):.2f}x"
         )
+        if name in alone:
+            a = alone[name]
+            lines.append(
+                f"  restored alone (each store in turn, no Spark, cold page cache; medians of {args.repeat}): "
+                f"{a['restoreMs']:.0f} ms summed (download {a['restoreDownloadMs']:.0f}, ingest "
+                f"{a['restoreIngestMs']:.0f}, replay "
+                f"{a['restoreReplayMs']:.0f}, open {a['restoreOpenMs']:.0f}); / cold floor: "
+                f"{a['restoreMs'] / max(cold, 1):.2f}x"
+            )
     spark, spark_cl = results["spark-rocksdb"]["batch_ms"], results["spark-rocksdb-changelog"]["batch_ms"]
     same = results["pss-same-host"]["batch_ms"]
     for name, (_, new_host) in runs.items():
