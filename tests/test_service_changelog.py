@@ -209,3 +209,25 @@ def test_a_snapshot_asked_for_during_an_upload_is_made_when_it_ends(tmp_path: Pa
     assert replies and replies[0].get("materializedVersion") == 4, replies
     made = sorted(p.name.split("-")[0] for p in (tmp_path / "store" / "snapshots").glob("*.json"))
     assert made == ["2", "4"], made
+
+
+def test_a_snapshot_asked_for_again_of_the_same_version_costs_no_second_look(tmp_path: Path) -> None:
+    """Spark's periodic maintenance landing during an upload, with no commit since, leaves nothing
+    new to snapshot: the maker does not prepare again (reads under the store's lock)."""
+    service = StoreService()
+    handle = open_store(service, tmp_path)
+    commit_ok(service, handle, tmp_path, 1, {b"a": b"1"}, [], 1)
+    commit_ok(service, handle, tmp_path, 2, {b"b": b"2"}, [], 2)
+    backend = service._stores[handle].backend
+    prepared: list[object] = []
+    prepare = backend.prepare_materialization
+    backend.prepare_materialization = lambda force=False: prepared.append(prepare(force)) or prepared[-1]
+    uploading, release = hold_at(backend, "materialize:uploaded")
+    worker = threading.Thread(target=lambda: service.maintenance(handle, "snapshot"))
+    worker.start()
+    assert uploading.wait(30)
+    json.loads(service.maintenance(handle, "snapshot"))  # Spark's periodic call, during the upload
+    release.set()
+    worker.join(30)
+    backend.fault_hook = None
+    assert len(prepared) == 1 and prepared[0] is not None, prepared

@@ -262,7 +262,9 @@ class StoreService:
                     backend.complete_materialization(job)
                     store.snapshotting = False
                     store.changed_since_cleanup = True  # older chains may have become garbage
-                    again = store.snapshot_asked_meanwhile
+                    # Only a commit during the upload can have made a new one due: a request for
+                    # the version just snapshotted (Spark's periodic maintenance) needs no second look.
+                    again = store.snapshot_asked_meanwhile and backend.snapshot_due()
             report.update(getattr(job, "metrics", {}))
             if not again:
                 return report

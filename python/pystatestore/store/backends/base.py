@@ -139,6 +139,11 @@ class StateBackend(abc.ABC):
         the rocksdb backend), else None. Backends whose every commit is a snapshot return None."""
         return None
 
+    def snapshot_due(self) -> bool:
+        """Whether the newest version this instance holds is due a snapshot, by what it knows
+        locally (no reads). Backends whose every commit is a snapshot: never."""
+        return False
+
     def finish_materialization(self, job: Any) -> None:  # noqa: B027 - only called with a job
         """Without the store's lock: makes the snapshot `prepare_materialization` set up durable."""
 
