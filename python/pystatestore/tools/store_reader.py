@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from ..store import frames
 from ..store.backends import BACKENDS, StateBackend, StoreContext
 from ..store.errors import CheckpointDamagedError, CheckpointMissingError, StoreConfigError
-from ..store.manifest import MANIFEST_DIR, Manifest, manifest_path, version_of_manifest
+from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, manifest_path, snapshot_of, version_of_manifest
 from ..store.remote import RemoteStore
 from .checkpoint import StoreLocation
 
@@ -134,9 +134,17 @@ class StoreReader:
     def schemas(self, version: int) -> tuple[str, str, str]:
         """(key schema, value schema, key encoding) of `version`: from the nearest manifest of its
         chain that records them, else from the store's other manifests."""
+        snapshots: set[tuple[int, str]] | None = None
         for m in self.backend.chain_back(self.manifest(version)):
             if m.key_schema:
                 return m.key_schema, m.value_schema, m.key_encoding
+            if snapshots is None:
+                snapshots = {key for f in self.remote.list_files(SNAPSHOT_DIR) if (key := snapshot_of(f.path))}
+            if (m.version, m.manifest_id) in snapshots:
+                # A snapshot maintenance made records them, and GC may have taken the chain before it.
+                made = self.backend.read_snapshot(m.version, m.manifest_id)
+                if made is not None and made.key_schema:
+                    return made.key_schema, made.value_schema, made.key_encoding
         ctx = self.backend.ctx
         return ctx.key_schema, ctx.value_schema, ctx.key_encoding
 

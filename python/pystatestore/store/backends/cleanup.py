@@ -187,7 +187,18 @@ def dependencies(
     needed: set[str] = set()
     grace = b.ctx.orphan_grace_seconds
     found = 0
-    for c in b.chain_back(m, cache):
+    chain = b.chain_back(m, cache)
+    while True:
+        try:
+            c = next(chain)
+        except StopIteration:
+            break
+        except CheckpointMissingError:
+            if found:
+                # Past a snapshot this version restores from, GC already took the older chain (the
+                # versions it was kept for left the retained range): nothing there to keep.
+                break
+            raise
         needed.add(c.path)
         if not c.is_changelog:
             needed.update(f.path for f in c.files())
