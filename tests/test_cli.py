@@ -249,7 +249,7 @@ def test_a_whole_key_is_looked_up_in_its_partition_alone(spark: SparkSession, ch
         r for r in theirs if r[0][names[6]] == some[names[6]] and r[0][names[10]] is None
     ]
     assert notes[-1].startswith(
-        "scanning every partition for the key: a --key must name every key column (window, _grouping"
+        "scanning every partition for the key: a key must name every key column (window, _grouping"
     )
     # on the command line: the note on stderr, the rows on stdout
     done = CliRunner().invoke(main, ["read", str(ckpt), "--key", json.dumps(as_json(picks[0][0])), "-o", "-"])

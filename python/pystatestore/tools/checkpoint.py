@@ -115,11 +115,44 @@ def _read_text(fs: pafs.FileSystem, path: str) -> str | None:
         return None
 
 
+def checkpoint_uri(uri: str) -> str:
+    """`uri` as the tools name a checkpoint: a local path becomes `file:` and absolute."""
+    if "://" not in uri and not uri.startswith("file:"):
+        return "file:" + str(Path(uri).resolve())
+    return uri
+
+
+def batches_in(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
+    """The batches of Spark's `offsets` or `commits` log, in order."""
+    return sorted(int(n) for n in _child_names(fs, posixpath.join(root, log), pafs.FileType.File) if _NUMBER.match(n))
+
+
+def planned_conf(fs: pafs.FileSystem, root: str, batch: int) -> dict[str, str]:
+    """The SQL confs the offsets log records for `batch` (the query's shuffle partitions among them)."""
+    text = _read_text(fs, posixpath.join(root, "offsets", str(batch))) or ""
+    lines = text.splitlines()
+    try:
+        return {str(k): str(v) for k, v in json.loads(lines[1]).get("conf", {}).items()}
+    except (json.JSONDecodeError, IndexError, AttributeError):
+        return {}
+
+
+def query_id_of(fs: pafs.FileSystem, root: str) -> str | None:
+    """The query id Spark's `metadata` file records (None when it is missing or unreadable)."""
+    metadata = _read_text(fs, posixpath.join(root, "metadata"))
+    if not metadata:
+        return None
+    try:
+        found = json.loads(metadata.splitlines()[0]).get("id")
+    except (json.JSONDecodeError, IndexError, AttributeError):
+        return None
+    return str(found) if found is not None else None
+
+
 def open_checkpoint(uri: str) -> SparkCheckpoint:
     """Reads a checkpoint's layout. `uri` is what the query's `checkpointLocation` was: a local
     path, `file:`, or anything `pyarrow.fs` opens (s3://, gs://, hdfs://)."""
-    if "://" not in uri and not uri.startswith("file:"):
-        uri = "file:" + str(Path(uri).resolve())
+    uri = checkpoint_uri(uri)
     fs, root = filesystem_for(uri)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         raise CheckpointMissingError("there is no checkpoint directory here", store=uri)
@@ -130,28 +163,11 @@ def open_checkpoint(uri: str) -> SparkCheckpoint:
             store=uri,
             advice="Pass the query's checkpointLocation, the directory that holds offsets/, commits/ and state/.",
         )
-    metadata = _read_text(fs, posixpath.join(root, "metadata"))
-    query_id = None
-    if metadata:
-        try:
-            query_id = json.loads(metadata.splitlines()[0]).get("id")
-        except (json.JSONDecodeError, IndexError, AttributeError):
-            query_id = None
-
-    def batches(d: str) -> list[int]:
-        return sorted(int(n) for n in _child_names(fs, posixpath.join(root, d), pafs.FileType.File) if _NUMBER.match(n))
-
-    planned, committed = batches("offsets"), batches("commits")
-    conf: dict[str, str] = {}
-    if planned:
-        text = _read_text(fs, posixpath.join(root, "offsets", str(planned[-1]))) or ""
-        lines = text.splitlines()
-        try:
-            conf = {str(k): str(v) for k, v in json.loads(lines[1]).get("conf", {}).items()}
-        except (json.JSONDecodeError, IndexError, AttributeError):
-            conf = {}
+    query_id = query_id_of(fs, root)
+    planned, committed = batches_in(fs, root, "offsets"), batches_in(fs, root, "commits")
+    conf = planned_conf(fs, root, planned[-1]) if planned else {}
     ckpt = SparkCheckpoint(uri=uri, query_id=query_id, planned_batches=planned, committed_batches=committed, conf=conf)
-    attempts = _commit_log_attempts(fs, root, committed)
+    attempts = commit_log_attempts(fs, root, committed)
     state = posixpath.join(root, "state")
     for op in _child_names(fs, state, pafs.FileType.Directory):
         if not _NUMBER.match(op):
@@ -185,7 +201,7 @@ JOIN_STORE_NAMES = (
 )
 
 
-def _commit_log_attempts(
+def commit_log_attempts(
     fs: pafs.FileSystem, root: str, committed: list[int]
 ) -> dict[tuple[int, int, str], list[tuple[int, str]]]:
     """(operator, partition, store name) -> [(version, checkpoint id)] from the commit log of a query

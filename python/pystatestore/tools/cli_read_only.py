@@ -5,7 +5,6 @@ report.py, which scripts can call directly.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from .checkpoint import StoreLocation
 from .cli_output import err, open_or_fail, out, progress_bars, size_text, utc_text
 from .families import FamilyCount
 from .inspection import KINDS, disk_usage, has_families, inspect_checkpoint, store_families, tree_as_json
-from .state_rows import python_rows, read_state, unique_names
+from .state_rows import json_value, python_rows, read_state, unique_names
 from .verification import gc_dry_run, verify_checkpoint
 
 
@@ -312,18 +311,6 @@ def report(checkpoint: str, output: str, deep: bool) -> None:
         verify_report = write_report(ckpt, Path(output), deep=deep, progress=progress)
     state = "restorable" if verify_report.restorable else f"NOT restorable ({len(verify_report.problems)} problems)"
     err.print(f"report written to {output}; the checkpoint is {state}")
-
-
-def json_value(v: Any) -> Any:
-    """What `json.dumps` writes for a state value it cannot: dates and times as ISO text, intervals in
-    seconds, bytes in hex."""
-    if isinstance(v, (dt.date, dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, dt.timedelta):
-        return v.total_seconds()
-    if isinstance(v, bytes):
-        return v.hex()
-    return str(v)
 
 
 def _flat_for_csv(table: Any) -> Any:

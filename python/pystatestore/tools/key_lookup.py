@@ -55,6 +55,54 @@ def num_partitions(ckpt: SparkCheckpoint, locations: list[StoreLocation]) -> int
     return n if ids <= set(range(n)) else None
 
 
+class ScanNeededError(Exception):
+    """A key that cannot be looked up in one partition: the reason says why, and a scan finds it."""
+
+
+class KeyRouter:
+    """Where a whole key of a store lives: the partition Spark's hash partitioning sends it to, and the
+    bytes the store keeps it under (`prefix` + its UnsafeRow). Built once per store name and schema, so
+    a service can route each question without re-reading schemas."""
+
+    def __init__(self, key_schema: str, num_partitions: int, prefix: bytes = b"") -> None:
+        if "collate" in key_schema.lower():
+            raise ScanNeededError("a key column has a collation, which changes how Spark hashes it")
+        self.key_type = parse_schema(key_schema)
+        self.names = unique_names([name for name, _, _ in self.key_type.fields])  # as `read -o -` prints them
+        self.num_partitions = num_partitions
+        self.prefix = prefix
+
+    def route(self, key: dict[str, Any]) -> tuple[int, bytes]:
+        """(partition, stored key) of `key`, a JSON object of every key column. KeyValueError for a
+        value its column cannot hold; ScanNeededError for a key naming only some columns or a type the
+        hash or the encoder here does not cover."""
+        if set(key) != set(self.names):
+            raise ScanNeededError(f"a key must name every key column ({', '.join(self.names)}) to be looked up")
+        values = tuple(
+            from_json(t, key[name], name) for name, (_, t, _) in zip(self.names, self.key_type.fields, strict=True)
+        )
+        try:
+            return partition_of(self.key_type, values, self.num_partitions), self.prefix + encode_row(
+                self.key_type, values
+            )
+        except UnsupportedTypeError as e:
+            raise ScanNeededError(str(e)) from None
+
+
+def router_for(ckpt: SparkCheckpoint, locations: list[StoreLocation], key_schema: str, key_encoding: str) -> KeyRouter:
+    """The router of the stores `locations` (one store name of one operator); ScanNeededError when their
+    keys cannot be looked up by partition."""
+    store_name = locations[0].store_name
+    if store_name not in _LOOKUP_STORES:
+        raise ScanNeededError(f"the keys of store '{store_name}' are not its operator's partitioning key")
+    if key_encoding != KEY_ENCODING_RAW:
+        raise ScanNeededError(f"the store's keys are encoded as {key_encoding} (a prefix scan store)")
+    n = num_partitions(ckpt, locations)
+    if n is None:
+        raise ScanNeededError("the checkpoint's partition count is unclear")
+    return KeyRouter(key_schema, n)
+
+
 def plan_lookup(
     ckpt: SparkCheckpoint,
     locations: list[StoreLocation],
@@ -63,31 +111,13 @@ def plan_lookup(
     keys: list[dict[str, Any]],
 ) -> LookupPlan:
     """How to find `keys` (JSON objects of key fields) among the stores `locations` of one store name."""
-    store_name = locations[0].store_name
-    if store_name not in _LOOKUP_STORES:
-        return LookupPlan(scan_reason=f"the keys of store '{store_name}' are not its operator's partitioning key")
-    if key_encoding != KEY_ENCODING_RAW:
-        return LookupPlan(scan_reason=f"the store's keys are encoded as {key_encoding} (a prefix scan store)")
-    if "collate" in key_schema.lower():
-        return LookupPlan(scan_reason="a key column has a collation, which changes how Spark hashes it")
-    key_type = parse_schema(key_schema)
-    names = unique_names([name for name, _, _ in key_type.fields])  # as `read -o -` prints them
-    partial = [k for k in keys if set(k) != set(names)]
-    if partial:
-        return LookupPlan(scan_reason=f"a --key must name every key column ({', '.join(names)}) to be looked up")
-    n = num_partitions(ckpt, locations)
-    if n is None:
-        return LookupPlan(scan_reason="the checkpoint's partition count is unclear")
+    try:
+        router = router_for(ckpt, locations, key_schema, key_encoding)
+        routed = [router.route(key) for key in keys]
+    except ScanNeededError as e:
+        return LookupPlan(scan_reason=str(e))
     plan = LookupPlan()
-    for key in keys:
-        try:
-            values = tuple(
-                from_json(t, key[name], name) for name, (_, t, _) in zip(names, key_type.fields, strict=True)
-            )
-            row = encode_row(key_type, values)
-            partition = partition_of(key_type, values, n)
-        except UnsupportedTypeError as e:
-            return LookupPlan(scan_reason=str(e))
+    for partition, row in routed:
         plan.by_partition.setdefault(partition, []).append(row)
     return plan
 
@@ -167,4 +197,14 @@ def lookup_error(e: KeyValueError, store: str) -> StoreConfigError:
     )
 
 
-__all__ = ["KeyValueError", "LookupPlan", "from_json", "lookup_error", "num_partitions", "plan_lookup"]
+__all__ = [
+    "KeyRouter",
+    "KeyValueError",
+    "LookupPlan",
+    "ScanNeededError",
+    "from_json",
+    "lookup_error",
+    "num_partitions",
+    "plan_lookup",
+    "router_for",
+]

@@ -148,7 +148,7 @@ def _decoded_table(
     for k, v in pairs:
         try:
             key = decoder.key(k)
-            if keys is not None and not _matches(dict(zip(names, key, strict=True)), keys):
+            if keys is not None and not key_matches(dict(zip(names, key, strict=True)), keys):
                 continue
             value = decoder.value(v)
         except (RowDecodeError, struct.error) as e:
@@ -204,7 +204,7 @@ def _decoder(reader: StoreReader, loc: StoreLocation, version: int) -> StateRowD
         ) from None
 
 
-def _matches(key: dict[str, Any], wanted: list[dict[str, Any]]) -> bool:
+def key_matches(key: dict[str, Any], wanted: list[dict[str, Any]]) -> bool:
     """Whether `key` has the fields of one of `wanted` (values as JSON gives them: dates and
     timestamps as ISO text)."""
     return any(all(f in key and _same(key[f], x) for f, x in want.items()) for want in wanted)
@@ -222,6 +222,18 @@ def _same(value: Any, given: Any) -> bool:
     if isinstance(value, decimal.Decimal) and isinstance(given, (int, float, str)):
         return value == decimal.Decimal(str(given))
     return bool(value == given)
+
+
+def json_value(v: Any) -> Any:
+    """What `json.dumps` writes for a state value it cannot: dates and times as ISO text, intervals in
+    seconds, bytes in hex."""
+    if isinstance(v, (dt.date, dt.datetime)):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
 
 
 def python_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -258,4 +270,4 @@ def _python_values(arr: pa.Array) -> list[Any]:
     return arr.to_pylist()
 
 
-__all__ = ["python_rows", "read_state", "unique_names"]
+__all__ = ["json_value", "key_matches", "python_rows", "read_state", "unique_names"]

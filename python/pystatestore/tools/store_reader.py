@@ -268,19 +268,33 @@ class StoreReader:
 
     def _load(self, version: int) -> Any:
         """`version` restored: a dict for frame backends, else its RocksDB opened read-only."""
+        return self.open_version(version, f"view-{version}")
+
+    def open_version(self, version: int, name: str, checkpoint_id: str | None = None, options: Any = None) -> Any:
+        """`version` (under checkpoint format v2: the attempt `checkpoint_id`, else the one the commit
+        log names) restored: a dict for frame backends, else a RocksDB checkpoint of this reader's
+        local DB at scratch directory `name` (new), opened read-only with `options` (rocksdict
+        Options; default: raw mode). The local DB moves forward by replaying what each newer version
+        changed, so reading versions in order restores each one's changes only."""
         import rocksdict
 
         from ..store import frames
 
+        cid = checkpoint_id if checkpoint_id is not None else self.attempts.get(version)
         if self.backend.read_path == "frame":
-            result = self.backend.load(version, None, self.attempts.get(version))
+            result = self.backend.load(version, None, cid)
             assert result.frame is not None
             return frames.buffer_to_state(result.frame)
-        view = Path(self._scratch.name) / f"view-{version}"
-        self.backend.load(version, str(view), self.attempts.get(version))
-        opts = rocksdict.Options(raw_mode=True)
+        view = self.scratch_dir / name
+        self.backend.load(version, str(view), cid)
+        opts = options if options is not None else rocksdict.Options(raw_mode=True)
         opts.create_if_missing(False)
         return rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
+
+    @property
+    def scratch_dir(self) -> Path:
+        """This reader's own scratch space (removed on close)."""
+        return Path(self._scratch.name)
 
     def close(self) -> None:
         try:
