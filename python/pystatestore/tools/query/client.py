@@ -1,0 +1,723 @@
+"""StateClient: a running query's state, queried while it runs (the seeds' QueryableStateClient,
+made consistent; DESIGN §9). It reads the checkpoint, never the executors: it follows Spark's commit
+log, brings each store it was asked about forward to every newly committed batch (replaying only
+what the batch changed), and answers point lookups, multi-key lookups and partial-key scans, each
+from one committed batch that the answer names. `batch=N` reads any retained batch.
+
+It never writes to the checkpoint and takes no lease: the query's GC is never held back. A file
+GC'd under a restore is retried on a newer batch; a store that cannot be opened (a damaged or missing
+file) fails the answers about it, naming the file, while every other store keeps answering.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...store.errors import CheckpointMissingError, StateStoreError
+from ...store.manifest import KEY_ENCODING_FAMILIES
+from ...store.remote import filesystem_for
+from ..checkpoint import (
+    DEFAULT_STORE_NAME,
+    SparkCheckpoint,
+    StoreLocation,
+    batches_in,
+    checkpoint_uri,
+    commit_log_attempts,
+    open_checkpoint,
+    planned_conf,
+    query_id_of,
+)
+from ..families import Family, family_prefix
+from ..key_lookup import SHUFFLE_PARTITIONS, KeyRouter, KeyValueError, ScanNeededError, router_for
+from ..state_rows import key_matches
+from ..unsafe_row import RowDecodeError, SchemaError, SparkType, decode_row, key_row_bytes, unique_names
+from .served import ServedBatch, StoreId
+from .values import row_json
+from .versions import OpenVersion, StoreFollower
+
+log = logging.getLogger("pystatestore.query")
+
+DEFAULT_POLL_SECONDS = 0.25
+DEFAULT_HISTORY_BATCHES = 2  # older batches kept open for time travel
+DEFAULT_CACHE_MIB = 256
+MISSING_FILE_RETRIES = 2  # advances to a newer batch when GC took a file under a restore
+
+
+def shared_cache_options(cache_mib: int) -> Callable[[], Any]:
+    """A factory of read options whose versions share one bounded block cache: a new version's files
+    are hard links of the last one's, and RocksDB keys its cache by file identity, so what one
+    version read stays cached for the next."""
+    import rocksdict
+
+    cache = rocksdict.Cache(cache_mib << 20)
+
+    def options() -> Any:
+        opts = rocksdict.Options(raw_mode=True)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_top_level_index_and_filter(True)
+        opts.set_block_based_table_factory(table)
+        return opts
+
+    return options
+
+
+class QuestionError(StateStoreError):
+    """A question the checkpoint cannot answer as asked: an unknown operator, store, state variable
+    or key column, or a value of the wrong type (HTTP 400)."""
+
+    advice = "GET /v1/operators (StateClient.operators()) lists the operators, stores, variables and key columns."
+
+
+class BatchGoneError(CheckpointMissingError):
+    """A batch that is not, or no longer, in the commit log or the retained versions (HTTP 404)."""
+
+    advice = "Ask for a batch the query still retains (spark.sql.streaming.minBatchesToRetain), or leave out batch."
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One key's value at `batch` (None when absent): a JSON object, or a list of them for a state
+    variable holding several values per key."""
+
+    batch: int
+    found: bool
+    value: Any
+    partition: int | None  # None: a key scanned for (not its store's partitioning key) and not found
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch": self.batch, "found": self.found, "value": self.value, "partition": self.partition}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Several keys, every one read at the same `batch`."""
+
+    batch: int
+    results: list[Answer]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "results": [{"found": a.found, "value": a.value, "partition": a.partition} for a in self.results],
+        }
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Rows whose key has the given fields, at `batch`; `complete` is False when `limit` cut it short."""
+
+    batch: int
+    rows: list[dict[str, Any]]
+    complete: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch": self.batch, "rows": self.rows, "complete": self.complete}
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How keys of one store (or one state variable of it) are found: routed to their partition, or,
+    with `scan_reason`, scanned for."""
+
+    router: KeyRouter | None
+    scan_reason: str
+    family: Family | None
+
+
+@dataclass
+class _Layout:
+    """The checkpoint's stores as last read, and a follower for each store asked about."""
+
+    ckpt: SparkCheckpoint
+    generation: int
+    num_partitions: int | None
+    followers: dict[StoreId, StoreFollower] = field(default_factory=dict)
+    shapes: dict[tuple[int, str, str | None], _Shape] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_id = {(s.operator_id, s.partition_id, s.store_name): s for s in self.ckpt.stores if not s.foreign}
+
+    def location(self, store: StoreId) -> StoreLocation | None:
+        return self._by_id.get(store)
+
+    def close(self) -> None:
+        for follower in self.followers.values():
+            follower.close()
+        self.followers.clear()
+
+
+class _RetryError(Exception):
+    """The batch an answer started on was replaced while it opened a store: answer on the new one."""
+
+
+class StateClient:
+    """A checkpoint's state, queried while the query runs (or after it stopped)."""
+
+    def __init__(
+        self,
+        checkpoint: str,
+        *,
+        follow: bool = True,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+        scratch: str | None = None,
+        history_batches: int = DEFAULT_HISTORY_BATCHES,
+        cache_mib: int = DEFAULT_CACHE_MIB,
+    ) -> None:
+        """`checkpoint`: the query's checkpointLocation (a path, file:, s3://...). `follow`: a thread
+        checks the commit log every `poll_seconds` and serves each newly committed batch (else call
+        `refresh()`). `scratch`: where restored versions go (default: a temporary directory).
+        `history_batches`: older batches kept open for `batch=N` questions. `cache_mib`: the block
+        cache every opened version shares."""
+        self.uri = checkpoint_uri(checkpoint)
+        self._fs, self._root = filesystem_for(self.uri)
+        self._scratch = scratch
+        self._options = shared_cache_options(cache_mib)
+        self._history_limit = history_batches
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._layout = self._read_layout()
+        batch = self._layout.ckpt.last_committed_batch
+        if batch is None:
+            raise BatchGoneError(
+                "the query has not committed a batch yet: there is no state to read",
+                store=self.uri,
+                file="commits/",
+                advice="Start the service once the query has committed its first batch.",
+            )
+        self._served = self._new_served(batch)
+        self._history: OrderedDict[int, tuple[ServedBatch, dict[StoreId, StoreFollower]]] = OrderedDict()
+        self.newest_committed = batch
+        self.last_poll = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if follow:
+            self._thread = threading.Thread(target=self._follow, args=(poll_seconds,), name="pystatestore-follow")
+            self._thread.daemon = True
+            self._thread.start()
+
+    # -- what there is ---------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        """The committed batch answers come from (unless they ask for another)."""
+        return self._served.batch
+
+    def operators(self) -> list[dict[str, Any]]:
+        """Each operator's stores: partitions, key and value schemas (Spark's JSON), key columns, and
+        for transformWithState stores their state variables (column families) with theirs."""
+        layout = self._layout
+        out: dict[int, dict[str, Any]] = {}
+        for op in layout.ckpt.operators():
+            names = sorted({s.store_name for s in layout.ckpt.stores_of(op)})
+            stores = []
+            for name in names:
+                partitions = sorted(s.partition_id for s in layout.ckpt.stores_of(op) if s.store_name == name)
+                info: dict[str, Any] = {"name": name, "partitions": len(partitions)}
+                try:
+                    with self._served_for(None) as served:
+                        opened = self._view(served, (op, partitions[0], name))
+                        info.update(_schema_info(opened.key_schema, opened.value_schema, opened.key_encoding))
+                        if opened.has_families:
+                            info["families"] = [
+                                {"name": f.name, "multipleValues": f.multiple_values, "keyEncoding": f.key_encoding}
+                                | _schema_info(f.key_schema, f.value_schema, f.key_encoding)
+                                for f in sorted(opened.families().values(), key=lambda f: f.family_id)
+                            ]
+                except StateStoreError as e:
+                    info["error"] = str(e)
+                stores.append(info)
+            out[op] = {"operator": op, "stores": stores}
+        return [out[op] for op in sorted(out)]
+
+    def open_all(self) -> None:
+        """Opens every store at the batch served now, so no question waits for a first restore (the
+        service does this in the background as it starts); a store that fails is recorded, as a
+        question about it would be."""
+        with self._lock:
+            served = self._served
+            for loc in self._layout.ckpt.stores:
+                if loc.foreign is None and served is self._served:
+                    try:
+                        self._view(served, (loc.operator_id, loc.partition_id, loc.store_name))
+                    except StateStoreError:
+                        pass  # recorded in the batch served: questions about the store get it
+
+    # -- questions -------------------------------------------------------------------------
+    def get(
+        self,
+        key: dict[str, Any],
+        *,
+        operator: int = 0,
+        store: str = DEFAULT_STORE_NAME,
+        family: str | None = None,
+        batch: int | None = None,
+    ) -> Answer:
+        """The value of `key` (a JSON object of every key column, as `pystatestore read -o -` prints
+        keys) at `batch` (default: the newest committed one served)."""
+        return self.get_many([key], operator=operator, store=store, family=family, batch=batch).results[0]
+
+    def get_many(
+        self,
+        keys: list[dict[str, Any]],
+        *,
+        operator: int = 0,
+        store: str = DEFAULT_STORE_NAME,
+        family: str | None = None,
+        batch: int | None = None,
+    ) -> Lookup:
+        """The values of `keys`, every one read at the same batch."""
+        for k in keys:
+            if not isinstance(k, dict):
+                raise self._question(f"a key is a JSON object of key fields, not {k!r}")
+        return self._answer(batch, lambda served: self._lookup(served, keys, operator, store, family))
+
+    def scan(
+        self,
+        key: dict[str, Any] | None = None,
+        *,
+        limit: int = 100,
+        operator: int = 0,
+        store: str = DEFAULT_STORE_NAME,
+        family: str | None = None,
+        batch: int | None = None,
+    ) -> Scan:
+        """Up to `limit` rows (key, value, partition) whose key has the fields of `key` (some of the
+        key columns; none: every row), read across every partition at one batch."""
+        if key is not None and not isinstance(key, dict):
+            raise self._question(f"a partial key is a JSON object of some key fields, not {key!r}")
+        if limit < 1:
+            raise self._question(f"limit must be at least 1, not {limit}")
+        return self._answer(batch, lambda served: self._scan(served, key or {}, limit, operator, store, family))
+
+    def status(self) -> dict[str, Any]:
+        """The batch served, the newest in the commit log at the last check, the stores open and
+        those that failed (with why)."""
+        served = self._served
+        return {
+            "checkpoint": self.uri,
+            "batch": served.batch,
+            "newestCommitted": self.newest_committed,
+            "lagBatches": max(0, self.newest_committed - served.batch),
+            "lastPoll": self.last_poll,
+            "storesOpen": len(served.opened()),
+            "storesFailed": {f"{op}/{p}/{name}": str(e) for (op, p, name), e in served.failures().items()},
+        }
+
+    # -- following the commit log ----------------------------------------------------------
+    def refresh(self) -> int:
+        """Checks the commit log now and serves its newest batch; returns the batch served."""
+        with self._lock:  # listed under the lock, so a slower poll never goes back to an older batch
+            committed = batches_in(self._fs, self._root, "commits")
+            self.last_poll = time.time()
+            if committed:
+                self.newest_committed = committed[-1]
+                if committed[-1] != self._served.batch:
+                    self._advance(committed[-1])
+            return self._served.batch
+
+    def _follow(self, poll_seconds: float) -> None:
+        while not self._stop.wait(poll_seconds):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - the follower must outlive a bad poll; answers name the cause
+                log.exception("checkpoint %s: following the commit log failed; trying again", self.uri)
+
+    def _advance(self, batch: int) -> None:
+        """Serves `batch`: every store open at the batch served now is brought to it first, so the
+        swap is one step and no answer mixes batches. A file the query's GC deleted under a restore
+        (the follower fell behind by more than the retained versions) is read again at the newest
+        batch; a store that still cannot be opened fails the answers about it, naming why."""
+        with self._lock:
+            old = self._served
+            for _ in range(MISSING_FILE_RETRIES + 1):
+                n = _partitions(planned_conf(self._fs, self._root, batch))
+                if batch < old.batch or (n is not None and n != self._layout.num_partitions) or self._replaced():
+                    # The checkpoint was replaced or rescaled (a rewrite moved into place): read afresh.
+                    self._reload_layout()
+                new = self._new_served(batch)
+                attempts = commit_log_attempts(self._fs, self._root, [batch])
+                for store in old.stores():
+                    if self._layout.location(store) is not None:
+                        new.add(store, self._open_followed(store, new.version, attempts))
+                newer = batches_in(self._fs, self._root, "commits")
+                missing = any(isinstance(e, CheckpointMissingError) for e in new.failures().values())
+                if not (missing and newer and newer[-1] > batch):
+                    break
+                new.retire()
+                batch = self.newest_committed = newer[-1]
+            self._served = new
+            old.retire()
+
+    def _replaced(self) -> bool:
+        """Whether the checkpoint's query id changed (another checkpoint moved into this location)."""
+        known = self._layout.ckpt.query_id
+        return known is not None and query_id_of(self._fs, self._root) not in (None, known)
+
+    def _read_layout(self) -> _Layout:
+        ckpt = open_checkpoint(self.uri)
+        self._generation += 1
+        return _Layout(ckpt, self._generation, _partitions(ckpt.conf))
+
+    def _reload_layout(self) -> None:
+        old = self._layout
+        self._layout = self._read_layout()
+        self._served.after_close(old.close)
+
+    def _new_served(self, batch: int) -> ServedBatch:
+        return ServedBatch(batch, self._layout.generation)
+
+    def _open_followed(
+        self, store: StoreId, version: int, attempts: dict[tuple[int, int, str], list[tuple[int, str]]] | None = None
+    ) -> OpenVersion | StateStoreError:
+        """`store` at `version` through its follower (made on first use)."""
+        layout = self._layout
+        location = layout.location(store)
+        if location is None:
+            return QuestionError(f"the checkpoint has no store {_store_text(store)}", store=self.uri)
+        try:
+            follower = layout.followers.get(store)
+            if follower is None:
+                follower = layout.followers[store] = StoreFollower(location, self._scratch, self._options)
+            cid = dict((attempts or {}).get(store, ())).get(version)
+            if cid is None and location.attempts:
+                cid = self._attempt_of(store, version)
+            return follower.open(version, cid)
+        except StateStoreError as e:
+            return e
+        except OSError as e:  # the checkpoint's storage failed under the restore
+            return StateStoreError(f"reading the store failed: {e}", store=location.uri, version=version)
+
+    def _attempt_of(self, store: StoreId, version: int) -> str | None:
+        """Checkpoint format v2: the attempt of `version` the commit log names."""
+        found = commit_log_attempts(self._fs, self._root, [version - 1]).get(store, [])
+        return dict(found).get(version)
+
+    # -- answering -------------------------------------------------------------------------
+    def _answer(self, batch: int | None, fn: Callable[[ServedBatch], Any]) -> Any:
+        for _ in range(8):
+            try:
+                with self._served_for(batch) as served:
+                    return fn(served)
+            except _RetryError:
+                continue
+        raise StateStoreError(
+            "the query committed batches faster than this answer could open their stores",
+            store=self.uri,
+            advice="Ask again.",
+        )
+
+    def _served_for(self, batch: int | None) -> Any:
+        """The ServedBatch of `batch` (default: the one followed), pinned while the answer reads."""
+        return _Pinned(self, batch)
+
+    def _pin(self, batch: int | None) -> ServedBatch:
+        if batch is not None and batch > self._served.batch:
+            self.refresh()  # a batch committed since the last poll
+        if batch is None or batch == self._served.batch:
+            served = self._served
+        else:
+            served = self._historic(batch)
+        if not served.pin():
+            raise _RetryError()
+        return served
+
+    def _historic(self, batch: int) -> ServedBatch:
+        """An older (or not yet followed) batch, opened by followers of its own."""
+        with self._lock:
+            found = self._history.get(batch)
+            if found is not None:
+                self._history.move_to_end(batch)
+                return found[0]
+            committed = batches_in(self._fs, self._root, "commits")
+            if batch not in committed:
+                span = f"{committed[0]}..{committed[-1]}" if committed else "none"
+                raise BatchGoneError(
+                    f"batch {batch} is not in the commit log (committed: {span})",
+                    store=self.uri,
+                    file=f"commits/{batch}",
+                )
+            served = ServedBatch(batch, self._layout.generation)
+            followers: dict[StoreId, StoreFollower] = {}
+            served.after_close(lambda: [f.close() for f in followers.values()])
+            self._history[batch] = (served, followers)
+            while len(self._history) > self._history_limit:
+                _, (evicted, _) = self._history.popitem(last=False)
+                evicted.retire()
+            return served
+
+    def _view(self, served: ServedBatch, store: StoreId) -> OpenVersion:
+        """`store`'s open version at `served`'s batch, opened on first use."""
+        opened = served.get(store)
+        if opened is None:
+            with self._lock:
+                opened = served.get(store)
+                if opened is None:
+                    opened = self._open_into(served, store)
+        if isinstance(opened, StateStoreError):
+            raise opened
+        return opened
+
+    def _open_into(self, served: ServedBatch, store: StoreId) -> OpenVersion | StateStoreError:
+        if served.layout_generation != self._layout.generation:
+            raise _RetryError()
+        history = self._history.get(served.batch)
+        if history is not None and history[0] is served:
+            opened = self._open_historic(history[1], store, served.version)
+        elif served is self._served:
+            opened = self._open_followed(store, served.version)
+        else:
+            raise _RetryError()  # replaced by a newer batch while this answer started
+        served.add(store, opened)
+        return opened
+
+    def _open_historic(
+        self, followers: dict[StoreId, StoreFollower], store: StoreId, version: int
+    ) -> OpenVersion | StateStoreError:
+        location = self._layout.location(store)
+        if location is None:
+            return QuestionError(f"the checkpoint has no store {_store_text(store)}", store=self.uri)
+        try:
+            follower = followers.get(store)
+            if follower is None:
+                follower = followers[store] = StoreFollower(location, self._scratch, self._options)
+            return follower.open(version, self._attempt_of(store, version) if location.attempts else None)
+        except CheckpointMissingError as e:
+            return BatchGoneError(
+                f"batch {version - 1} is no longer retained: {e.problem}", store=e.store, version=version, file=e.file
+            )
+        except StateStoreError as e:
+            return e
+
+    def _partitions_of(self, operator: int, store: str) -> list[int]:
+        parts = sorted(
+            s.partition_id for s in self._layout.ckpt.stores_of(operator) if s.store_name == store and not s.foreign
+        )
+        if not parts:
+            known = sorted({(s.operator_id, s.store_name) for s in self._layout.ckpt.stores})
+            raise self._question(
+                f"the checkpoint has no store '{store}' of operator {operator}; its stores (operator, name): {known}"
+            )
+        return parts
+
+    def _shape(self, served: ServedBatch, operator: int, store: str, family_name: str | None) -> _Shape:
+        """How to find keys of `store` (its first partition opened once per layout to learn it)."""
+        layout = self._layout
+        cache_key = (operator, store, family_name)
+        shape = layout.shapes.get(cache_key)
+        if shape is not None:
+            return shape
+        partitions = self._partitions_of(operator, store)
+        first = self._view(served, (operator, partitions[0], store))
+        family = self._family(first, family_name, store)
+        locations = [s for s in layout.ckpt.stores_of(operator) if s.store_name == store]
+        try:
+            if family is None:
+                router = router_for(layout.ckpt, locations, first.key_schema, first.key_encoding)
+            elif family.key_encoding != "raw":
+                raise ScanNeededError(
+                    f"state variable {family.name} keys by more than the grouping key ({family.key_encoding})"
+                )
+            else:
+                router = router_for(layout.ckpt, locations, family.key_schema, "raw")
+            shape = _Shape(router, "", family)
+        except ScanNeededError as e:
+            shape = _Shape(None, str(e), family)
+        layout.shapes[cache_key] = shape
+        return shape
+
+    def _lookup(
+        self, served: ServedBatch, keys: list[dict[str, Any]], operator: int, store: str, family_name: str | None
+    ) -> Lookup:
+        shape = self._shape(served, operator, store, family_name)
+        family = shape.family
+        try:
+            if shape.router is None:
+                raise ScanNeededError(shape.scan_reason)
+            routed = [shape.router.route(k) for k in keys]
+        except KeyValueError as e:
+            raise self._question(str(e)) from None
+        except ScanNeededError:
+            # Keys that are not their store's partitioning key: found by a scan of every partition.
+            return Lookup(served.batch, [self._found_by_scan(served, k, operator, store, family_name) for k in keys])
+        by_partition: dict[int, list[int]] = {}
+        for i, (p, _) in enumerate(routed):
+            by_partition.setdefault(p, []).append(i)
+        results: list[Answer | None] = [None] * len(keys)
+        for p, indexes in by_partition.items():
+            opened = self._view(served, (operator, p, store))
+            stored = [routed[i][1] for i in indexes]
+            value_type = opened.type_of(opened.value_schema)
+            multiple = False
+            if family is not None:
+                own = opened.families().get(family.name)
+                if own is None:  # this partition never declared the variable: nothing stored under it
+                    for i in indexes:
+                        results[i] = Answer(served.batch, False, None, p)
+                    continue
+                prefix = family_prefix(own.family_id)
+                stored = [prefix + k for k in stored]
+                value_type, multiple = opened.type_of(own.value_schema), own.multiple_values
+            for i, raw in zip(indexes, opened.get_many(stored), strict=True):
+                value = (
+                    None if raw is None else self._decode_value(opened, value_type, raw, family if multiple else None)
+                )
+                results[i] = Answer(served.batch, raw is not None, value, p)
+        return Lookup(served.batch, [r for r in results if r is not None])
+
+    def _found_by_scan(
+        self, served: ServedBatch, key: dict[str, Any], operator: int, store: str, family_name: str | None
+    ) -> Answer:
+        rows = self._scan(served, key, 1, operator, store, family_name, exact=True).rows
+        if not rows:
+            return Answer(served.batch, False, None, None)
+        return Answer(served.batch, True, rows[0]["value"], rows[0]["partition"])
+
+    def _scan(
+        self,
+        served: ServedBatch,
+        key: dict[str, Any],
+        limit: int,
+        operator: int,
+        store: str,
+        family_name: str | None,
+        *,
+        exact: bool = False,
+    ) -> Scan:
+        partitions = self._partitions_of(operator, store)
+        rows: list[dict[str, Any]] = []
+        for p in partitions:
+            opened = self._view(served, (operator, p, store))
+            family = self._family(opened, family_name, store, missing_ok=True)
+            if family_name is not None and family is None:
+                continue  # the variable was never declared in this partition
+            if family is not None:
+                key_type, value_type = opened.type_of(family.key_schema), opened.type_of(family.value_schema)
+                prefix = family_prefix(family.family_id)
+            else:
+                key_type, value_type = opened.type_of(opened.key_schema), opened.type_of(opened.value_schema)
+                prefix = b""
+            names = unique_names([n for n, _, _ in key_type.fields])
+            unknown = set(key) - set(names)
+            if unknown:
+                raise self._question(
+                    f"the key has no column(s) {', '.join(sorted(unknown))}; its columns: {', '.join(names)}"
+                )
+            if exact and set(key) != set(names):
+                raise self._question(f"a key must name every key column ({', '.join(names)})")
+            for k, v in opened.items(prefix):
+                try:
+                    row = family.key_row(k) if family is not None else key_row_bytes(k, opened.key_encoding)
+                    decoded = row_json(key_type, decode_row(key_type, row))
+                    if key and not key_matches(decoded, [key]):
+                        continue
+                    value = self._decode_value(
+                        opened, value_type, v, family if family and family.multiple_values else None
+                    )
+                except (RowDecodeError, SchemaError) as e:
+                    raise self._undecodable(opened, e) from None
+                rows.append({"key": decoded, "value": value, "partition": p})
+                if len(rows) >= limit:
+                    return Scan(served.batch, rows, False)
+        return Scan(served.batch, rows, True)
+
+    def _family(self, opened: OpenVersion, name: str | None, store: str, *, missing_ok: bool = False) -> Family | None:
+        if not opened.has_families:
+            if name is not None:
+                raise self._question(f"store '{store}' has no state variables (it is not a transformWithState store)")
+            return None
+        if name is None:
+            raise self._question(
+                f"store '{store}' is a transformWithState store: name a state variable (family); its variables: "
+                f"{', '.join(sorted(f for f in opened.families() if not f.startswith('$'))) or 'none'}"
+            )
+        found = opened.families().get(name)
+        if found is None and not missing_ok:
+            raise self._question(
+                f"store '{store}' has no state variable '{name}'; its variables: "
+                f"{', '.join(sorted(opened.families())) or 'none'}"
+            )
+        return found
+
+    def _decode_value(self, opened: OpenVersion, value_type: SparkType, raw: bytes, listing: Family | None) -> Any:
+        try:
+            if listing is not None:
+                return [row_json(value_type, decode_row(value_type, v)) for v in listing.values(raw)]
+            return row_json(value_type, decode_row(value_type, raw))
+        except (RowDecodeError, SchemaError) as e:
+            raise self._undecodable(opened, e) from None
+
+    def _undecodable(self, opened: OpenVersion, e: Exception) -> StateStoreError:
+        return StateStoreError(
+            f"a state row does not decode with the schemas the manifests record ({e})",
+            store=opened.location.uri,
+            version=opened.version,
+            advice='Nothing was changed. Read it with spark.read.format("statestore").',
+        )
+
+    def _question(self, problem: str) -> QuestionError:
+        return QuestionError(problem, store=self.uri)
+
+    # -- closing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            for served, _ in self._history.values():
+                served.retire()
+            self._history.clear()
+            self._served.after_close(self._layout.close)
+            self._served.retire()
+
+    def __enter__(self) -> StateClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Pinned:
+    """`with client._served_for(batch) as served:` the batch pinned while an answer reads it."""
+
+    def __init__(self, client: StateClient, batch: int | None) -> None:
+        self.client, self.batch = client, batch
+        self.served: ServedBatch | None = None
+
+    def __enter__(self) -> ServedBatch:
+        self.served = self.client._pin(self.batch)
+        return self.served
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self.served is not None
+        self.served.unpin()
+
+
+def _partitions(conf: dict[str, str]) -> int | None:
+    try:
+        return int(conf[SHUFFLE_PARTITIONS])
+    except (KeyError, ValueError):
+        return None
+
+
+def _schema_info(key_schema: str, value_schema: str, key_encoding: str) -> dict[str, Any]:
+    import json
+
+    info: dict[str, Any] = {"keySchema": json.loads(key_schema), "valueSchema": json.loads(value_schema)}
+    if key_encoding != KEY_ENCODING_FAMILIES:
+        info["keyColumns"] = unique_names([f["name"] for f in info["keySchema"].get("fields", [])])
+    return info
+
+
+def _store_text(store: StoreId) -> str:
+    op, p, name = store
+    return f"'{name}' of operator {op} partition {p}"
+
+
+__all__ = ["Answer", "BatchGoneError", "Lookup", "QuestionError", "Scan", "StateClient"]

@@ -1,0 +1,358 @@
+"""Benchmark: queryable state while the query runs (issue 68). A count per key over 1M keys, 4
+partitions, 1% of the keys updated per batch, a batch every 1.5 s (processing-time trigger), on
+pystatestore in its default mode. Each run is one query in its own driver JVM for --minutes;
+runs alternate between the query alone and the query with `pystatestore serve` following its
+checkpoint and a client in another process asking for random keys (a tenth of them absent) over
+--connections keep-alive connections (a thread each), as fast as answers come.
+
+Reported: the client's latency per lookup (p50, p99, max) and lookups per second; the lag of each
+answer (how many batches the query had committed, by its progress reports, before the request that
+the answer's batch is behind); the query's median batch time with the service against without it;
+and, as the anchor, the same question asked through Spark's own state reader
+(`spark.read.format("statestore")` with a key filter) on the stopped checkpoint, in the same run.
+
+    .venv/bin/python scripts/bench_queryable.py [--minutes 3] [--repeat 2] [--keys 1000000]
+        [--connections 2] [--pyspark 4.3] [--out bench/queryable-....txt]
+
+Goals (issue 68): p50 at most 1 ms and p99 at most 5 ms at the client, at least 3,000 lookups/s,
+lag at most 1 batch at p99, the query's batch time with the service at most 1.05x without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import http.client
+import json
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from benchlib.build import reexec_under_pyspark
+from benchlib.child import hidden_options, result_line, run_child, script_argv
+from benchlib.inputs import random_updates, stamp_order
+from benchlib.providers import sql_conf
+from benchlib.report import code_version, provenance, watching_load, write_report
+
+RUN = "pss-changelog"  # benchlib.providers' name of pystatestore's defaults
+PARTITIONS = 4
+TRIGGER = "1.5 seconds"
+WARMUP_BATCHES = 5  # the load of every key, and the first batches after it
+ANCHOR_QUESTIONS = 5
+
+
+# -- the query child --------------------------------------------------------------------------
+def query_child(args: argparse.Namespace) -> None:
+    from pyspark.sql import functions as F
+
+    from benchlib.session import record_progress, start_session
+
+    spark = start_session("pystatestore-bench-queryable", partitions=PARTITIONS, sql_conf=sql_conf(RUN))
+    progress = record_progress(spark, Path(args.progress))
+    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(args.input)
+    query = (
+        source.groupBy("key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(processingTime=TRIGGER)
+        .start()
+    )
+    deadline = time.time() + args.minutes * 60
+    while time.time() < deadline and query.isActive:
+        time.sleep(0.5)
+    if query.exception() is not None:
+        raise SystemExit(f"the query failed: {query.exception()}")
+    query.stop()
+    progress.close()
+    spark.stop()
+
+
+# -- the asking client (another process) ------------------------------------------------------
+def asker_child(args: argparse.Namespace) -> None:
+    """Asks for random keys over --connections keep-alive connections (a thread each) until
+    --seconds pass; writes (start time, latency s, batch, found, status) per answer."""
+    answers: list[tuple[float, float, int, bool, int]] = []
+    errors: list[str] = []
+    deadline = time.time() + float(args.seconds)
+
+    def ask(seed: int) -> None:
+        rnd = random.Random(seed)
+        conn = http.client.HTTPConnection("127.0.0.1", int(args.port), timeout=30)
+        mine = []
+        while time.time() < deadline:
+            key = rnd.randrange(args.keys * 10 // 9)  # a tenth of the keys asked for were never written
+            path = "/v1/state?key=" + urllib.parse.quote(json.dumps({"key": key}))
+            started_wall = time.time()
+            started = time.perf_counter()
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = response.read()
+            latency = time.perf_counter() - started
+            batch, found = -1, False
+            if response.status == 200:
+                parsed = json.loads(body)
+                batch, found = parsed["batch"], parsed["found"]
+                if found != (key < args.keys):
+                    errors.append(f"key {key}: found={found}, but it was {'' if key < args.keys else 'never '}written")
+            mine.append((started_wall, latency, batch, found, response.status))
+        answers.extend(mine)
+
+    threads = [threading.Thread(target=ask, args=(11 + i,)) for i in range(int(args.connections))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"wrong answers: {errors[:5]}")
+    Path(args.out).write_text(json.dumps(sorted(answers)))
+
+
+class ServiceWatcher:
+    """Started with the query's child: once the query committed its first batch, starts
+    `pystatestore serve` on its checkpoint and the asking client; stops both at the end."""
+
+    def __init__(self, checkpoint: Path, work: Path, keys: int, seconds: float, tag: str, connections: int) -> None:
+        self.checkpoint, self.work, self.keys, self.seconds, self.tag = checkpoint, work, keys, seconds, tag
+        self.connections = connections
+        self.procs: list[subprocess.Popen] = []
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.answers_file = work / f"answers-{tag}.json"
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self.started = time.time()
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not (self.checkpoint / "commits" / "0").exists():
+            if self.halt.wait(0.2):
+                return
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        serve_log = open(self.work / f"serve-{self.tag}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pystatestore.tools.cli", "serve", str(self.checkpoint), "--port", str(port)],
+                stdout=serve_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        deadline = time.time() + 60
+        while not self.halt.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    self.error = "the service did not start; see its log"
+                    return
+                time.sleep(0.2)
+        left = self.seconds - (time.time() - self.started) - 5  # ends before the query does
+        argv = script_argv(
+            __file__,
+            asker=True,
+            port=port,
+            keys=self.keys,
+            seconds=left,
+            connections=self.connections,
+            out=self.answers_file,
+        )
+        self.procs.append(subprocess.Popen([sys.executable, *argv]))
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join(30)
+        for proc in reversed(self.procs):
+            if proc.poll() is None and proc is self.procs[0]:
+                proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# -- the anchor: Spark's own state reader -------------------------------------------------------
+def anchor_child(args: argparse.Namespace) -> None:
+    from pyspark.sql import functions as F
+
+    from benchlib.session import start_session
+
+    spark = start_session("pystatestore-bench-queryable-anchor", partitions=PARTITIONS, sql_conf=sql_conf(RUN))
+    rnd = random.Random(3)
+    seconds = []
+    for _ in range(ANCHOR_QUESTIONS):
+        key = rnd.randrange(args.keys)
+        started = time.perf_counter()
+        rows = spark.read.format("statestore").load(args.checkpoint).filter(F.col("key.key") == key).collect()
+        seconds.append(time.perf_counter() - started)
+        if len(rows) != 1:
+            raise SystemExit(f"Spark's state reader found {len(rows)} rows for key {key}")
+    print("RESULT " + json.dumps(seconds), flush=True)
+    spark.stop()
+
+
+# -- the parent ---------------------------------------------------------------------------------
+def write_inputs(input_dir: Path, keys: int, touched: int, files: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    input_dir.mkdir(parents=True)
+    for b, (ks, values) in enumerate(random_updates(keys, touched, files)):
+        path = input_dir / f"batch-{b:05d}.parquet"
+        pq.write_table(pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array(values)}), path)
+        stamp_order(path, b)
+
+
+def run_query(args: argparse.Namespace, work: Path, tag: str, served: bool) -> dict[str, Any]:
+    checkpoint, progress = work / f"ckpt-{tag}", work / f"progress-{tag}.jsonl"
+    cmd = script_argv(
+        __file__, child=True, input=work / "input", checkpoint=checkpoint, progress=progress, minutes=args.minutes
+    )
+    print(f"bench_queryable: {tag} ({'with' if served else 'without'} the service)", file=sys.stderr, flush=True)
+    log = work / f"{tag}.log"
+    watcher = ServiceWatcher(checkpoint, work, args.keys, args.minutes * 60, tag, args.connections)
+    run = run_child(cmd, timeout=args.minutes * 60 + 600, log=log, watch=lambda pid: [watcher] if served else [])
+    if run.returncode != 0:
+        raise SystemExit(f"{tag}: exit code {run.returncode}; log tail:\n{log.read_text()[-3000:]}")
+    if watcher.error:
+        raise SystemExit(f"{tag}: {watcher.error} ({work})")
+    batches = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
+    batches = [b for b in batches if b.get("numInputRows", 0) > 0]
+    result: dict[str, Any] = {"batches": batches, "checkpoint": checkpoint}
+    if served:
+        result["answers"] = json.loads(watcher.answers_file.read_text()) if watcher.answers_file.exists() else []
+    return result
+
+
+def committed_at(batches: list[dict[str, Any]]) -> list[tuple[float, int]]:
+    """(wall time, batch id) of each batch's end: its trigger's start plus its duration."""
+    out = []
+    for b in batches:
+        start = dt.datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp()
+        out.append((start + b["durationMs"]["triggerExecution"] / 1000, b["batchId"]))
+    return sorted(out)
+
+
+def lags(answers: list[list[Any]], batches: list[dict[str, Any]]) -> list[int]:
+    """Per answer: the newest batch committed before its request started, less the answer's batch."""
+    ends = committed_at(batches)
+    out = []
+    for started, _, batch, _, status in answers:
+        if status != 200:
+            continue
+        newest = max((b for t, b in ends if t <= started), default=batch)
+        out.append(max(0, newest - batch))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=3.0, help="how long each run's query runs")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each kind, alternating")
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--touched-pct", type=float, default=1.0)
+    ap.add_argument("--connections", type=int, default=2, help="the client's keep-alive connections, a thread each")
+    ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--asker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--anchor", action="store_true", help=argparse.SUPPRESS)
+    hidden_options(ap, "--input", "--checkpoint", "--progress", "--port", "--seconds")
+    args = ap.parse_args()
+    if args.child:
+        query_child(args)
+        return 0
+    if args.asker:
+        asker_child(args)
+        return 0
+    if args.anchor:
+        anchor_child(args)
+        return 0
+    reexec_under_pyspark(args.pyspark)
+    import pyspark
+
+    code = code_version()
+    work = Path(tempfile.mkdtemp(prefix="pss-bench-queryable-"))
+    touched = max(1, int(args.keys * args.touched_pct / 100))
+    write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 1.0) + 10)
+    runs: list[tuple[str, dict[str, Any]]] = []
+    with watching_load() as load:
+        for i in range(args.repeat):
+            for served in (False, True) if i % 2 == 0 else (True, False):
+                tag = f"{'served' if served else 'alone'}-{i + 1}"
+                load.phase = tag
+                runs.append((tag, run_query(args, work, tag, served)))
+        load.phase = "anchor"
+        last_served = [r for tag, r in runs if tag.startswith("served")][-1]
+        anchor = run_child(
+            script_argv(__file__, anchor=True, checkpoint=last_served["checkpoint"], keys=args.keys), timeout=1800
+        )
+        anchor_line = result_line(anchor.stdout)
+        if anchor.returncode != 0 or anchor_line is None:
+            raise SystemExit(f"the anchor failed: {anchor.stderr[-3000:]}")
+        anchor_s = json.loads(anchor_line)
+
+    def steady_ms(run: dict[str, Any]) -> list[float]:
+        return [b["durationMs"]["triggerExecution"] for b in run["batches"][WARMUP_BATCHES:]]
+
+    alone = [statistics.median(steady_ms(r)) for tag, r in runs if tag.startswith("alone")]
+    served_runs = [r for tag, r in runs if tag.startswith("served")]
+    with_service = [statistics.median(steady_ms(r)) for r in served_runs]
+    answers = [a for r in served_runs for a in r["answers"]]
+    ok = [a for a in answers if a[4] == 200]
+    latencies_ms = [a[1] * 1000 for a in ok]
+    seconds = args.minutes * 60 * len(served_runs)
+    all_lags = [lag for r in served_runs for lag in lags(r["answers"], r["batches"])]
+    failed = len(answers) - len(ok)
+    lines = [
+        f"# pystatestore queryable-state bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "# command: .venv/bin/python scripts/" + " ".join([Path(__file__).name, *sys.argv[1:]]),
+        *provenance(code, load),
+        f"# machine: {platform.machine()}, {os.cpu_count()} cores, Spark {pyspark.__version__}, local[2], "
+        f"{PARTITIONS} partitions, trigger every {TRIGGER}",
+        f"# workload: a count and sum per key, {args.keys:,} keys loaded by the first batch, then {touched:,} "
+        f"random keys updated per batch; each run a query of {args.minutes:g} min in its own driver JVM, "
+        f"{args.repeat} runs alone and {args.repeat} with the service, alternating",
+        "# the service: `pystatestore serve CHECKPOINT` (another process) following the commit log; the client: "
+        "another process asking GET /v1/state for random keys (a tenth never written) over "
+        f"{args.connections} keep-alive connection(s), one request at a time on each",
+        "",
+        f"lookups: {len(ok):,} answered in {seconds:.0f} s ({len(ok) / seconds:,.0f}/s), {failed} failed",
+        f"latency at the client: p50 {pct(latencies_ms, 0.5):.3f} ms, p99 {pct(latencies_ms, 0.99):.3f} ms, "
+        f"max {max(latencies_ms):.1f} ms",
+        f"lag behind the commit log (batches): p50 {pct(all_lags, 0.5)}, p99 {pct(all_lags, 0.99)}, "
+        f"max {max(all_lags)}",
+        f"query median batch ms (batches after the first {WARMUP_BATCHES}): alone "
+        f"{', '.join(f'{v:.0f}' for v in alone)}; with the service {', '.join(f'{v:.0f}' for v in with_service)}",
+        f"query batch time with the service / alone: {statistics.median(with_service) / statistics.median(alone):.3f}x",
+        f"anchor: spark.read.format('statestore') with a key filter, on the stopped checkpoint: "
+        f"median {statistics.median(anchor_s) * 1000:,.0f} ms a question ({ANCHOR_QUESTIONS} questions); "
+        f"the service's p50 is {statistics.median(anchor_s) * 1000 / pct(latencies_ms, 0.5):,.0f}x faster",
+    ]
+    write_report("\n".join(lines) + "\n", args.out)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
