@@ -41,7 +41,7 @@ from typing import Any
 
 from benchlib.build import reexec_under_pyspark
 from benchlib.child import hidden_options, result_line, run_child, script_argv
-from benchlib.inputs import random_updates, stamp_order
+from benchlib.inputs import write_update_files
 from benchlib.providers import sql_conf
 from benchlib.report import code_version, provenance, watching_load, write_report
 
@@ -54,28 +54,11 @@ ANCHOR_QUESTIONS = 5
 
 # -- the query child --------------------------------------------------------------------------
 def query_child(args: argparse.Namespace) -> None:
-    from pyspark.sql import functions as F
-
-    from benchlib.session import record_progress, start_session
+    from benchlib.session import record_progress, run_count_until, start_session
 
     spark = start_session("pystatestore-bench-queryable", partitions=PARTITIONS, sql_conf=sql_conf(RUN))
     progress = record_progress(spark, Path(args.progress))
-    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(args.input)
-    query = (
-        source.groupBy("key")
-        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(processingTime=TRIGGER)
-        .start()
-    )
-    deadline = time.time() + args.minutes * 60
-    while time.time() < deadline and query.isActive:
-        time.sleep(0.5)
-    if query.exception() is not None:
-        raise SystemExit(f"the query failed: {query.exception()}")
-    query.stop()
+    run_count_until(spark, args.input, args.checkpoint, args.minutes, "bench_queryable", trigger=TRIGGER)
     progress.close()
     spark.stop()
 
@@ -207,17 +190,6 @@ def anchor_child(args: argparse.Namespace) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-def write_inputs(input_dir: Path, keys: int, touched: int, files: int) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    input_dir.mkdir(parents=True)
-    for b, (ks, values) in enumerate(random_updates(keys, touched, files)):
-        path = input_dir / f"batch-{b:05d}.parquet"
-        pq.write_table(pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array(values)}), path)
-        stamp_order(path, b)
-
-
 def run_query(args: argparse.Namespace, work: Path, tag: str, served: bool) -> dict[str, Any]:
     checkpoint, progress = work / f"ckpt-{tag}", work / f"progress-{tag}.jsonl"
     cmd = script_argv(
@@ -294,7 +266,7 @@ def main() -> int:
     code = code_version()
     work = Path(tempfile.mkdtemp(prefix="pss-bench-queryable-"))
     touched = max(1, int(args.keys * args.touched_pct / 100))
-    write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 1.0) + 10)
+    write_update_files(work / "input", args.keys, touched, int(args.minutes * 60 / 1.0) + 10)
     runs: list[tuple[str, dict[str, Any]]] = []
     with watching_load() as load:
         for i in range(args.repeat):

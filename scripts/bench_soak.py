@@ -38,7 +38,7 @@ from typing import Any
 
 from benchlib.build import reexec_under_pyspark
 from benchlib.child import hidden_options, run_child, script_argv
-from benchlib.inputs import random_updates, stamp_order
+from benchlib.inputs import write_update_files
 from benchlib.jvm import gc_events, gc_log_option
 from benchlib.procfs import subtree, usage
 from benchlib.providers import sql_conf
@@ -61,47 +61,20 @@ SNAPSHOT_FILE = {
 
 # -- the child: one provider, one JVM ---------------------------------------------------------------
 def child(args: argparse.Namespace) -> None:
-    from pyspark.sql import functions as F
-
-    from benchlib.session import record_progress, start_session
+    from benchlib.session import record_progress, run_count_until, start_session
 
     session = {"spark.driver.extraJavaOptions": args.driver_java_options} if args.driver_java_options else {}
     spark = start_session(
         f"pystatestore-soak-{args.child}", partitions=args.partitions, sql_conf=sql_conf(args.child), **session
     )
     progress_file = record_progress(spark, Path(args.progress))
-    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(args.input)
-    query = (
-        source.groupBy("key")
-        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", args.checkpoint)
-        .start()
-    )
-    deadline = time.time() + args.minutes * 60
-    while time.time() < deadline and query.isActive:
-        time.sleep(1)
-    if query.exception() is not None:
-        raise SystemExit(f"{args.child}: the query failed: {query.exception()}")
-    query.stop()
+    run_count_until(spark, args.input, args.checkpoint, args.minutes, args.child)
     time.sleep(2)
     progress_file.close()
     spark.stop()
 
 
 # -- the parent: inputs, sampling, report -----------------------------------------------------------
-def write_inputs(input_dir: Path, keys: int, touched: int, files: int, seed: int = 42) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    input_dir.mkdir(parents=True)
-    for b, (ks, values) in enumerate(random_updates(keys, touched, files, seed)):
-        path = input_dir / f"batch-{b:05d}.parquet"
-        pq.write_table(pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array(values)}), path)
-        stamp_order(path, b)
-
-
 class CheckpointSampler(Sampler):
     """Every SAMPLE_S seconds: the figures of every process under the child (its JVM, and the
     JVM's children: our workers), the CPU the rest of the machine used meanwhile, and the
@@ -256,7 +229,7 @@ def main() -> int:
         code = code_version()
         work = Path(tempfile.mkdtemp(prefix="pss-soak-"))
         # More files than the fastest run can take (a batch takes at least ~0.5 s here).
-        write_inputs(work / "input", args.keys, touched, int(args.minutes * 60 / 0.5) + 10)
+        write_update_files(work / "input", args.keys, touched, int(args.minutes * 60 / 0.5) + 10)
         raws = {}
         with watching_load() as load:
             for name in providers:

@@ -23,3 +23,16 @@ def random_updates(keys: int, touched: int, batches: int, seed: int = 42) -> Ite
     for b in range(batches):
         ks = list(range(keys)) if b == 0 else rnd.sample(range(keys), touched)
         yield ks, [rnd.randrange(1000) for _ in ks]
+
+
+def write_update_files(input_dir: Path, keys: int, touched: int, files: int, seed: int = 42) -> None:
+    """`files` parquet files of (key, value), one per batch: every key in the first, then `touched`
+    random keys each (`random_updates`), stamped in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    input_dir.mkdir(parents=True)
+    for b, (ks, values) in enumerate(random_updates(keys, touched, files, seed)):
+        path = input_dir / f"batch-{b:05d}.parquet"
+        pq.write_table(pa.table({"key": pa.array(ks, pa.int64()), "value": pa.array(values)}), path)
+        stamp_order(path, b)

@@ -4,6 +4,7 @@ times its session's start imports this first)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,31 @@ def start_noop(frame: Any, checkpoint: Path | str, output_mode: str = "update") 
         .trigger(availableNow=True)
         .start()
     )
+
+
+def run_count_until(
+    spark: Any, input_dir: str, checkpoint: str, minutes: float, what: str, trigger: str | None = None
+) -> None:
+    """A count and sum per key over the input files (one per batch) to the noop sink, running for
+    `minutes` (each batch as soon as the last ends, or every `trigger`), then stopped; fails naming
+    `what` if the query did."""
+    from pyspark.sql import functions as F
+
+    source = spark.readStream.schema("key long, value long").option("maxFilesPerTrigger", 1).parquet(input_dir)
+    writer = (
+        source.groupBy("key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", checkpoint)
+    )
+    query = (writer.trigger(processingTime=trigger) if trigger else writer).start()
+    deadline = time.time() + minutes * 60
+    while time.time() < deadline and query.isActive:
+        time.sleep(0.5)
+    if query.exception() is not None:
+        raise SystemExit(f"{what}: the query failed: {query.exception()}")
+    query.stop()
 
 
 def record_progress(spark: Any, path: Path) -> Any:
