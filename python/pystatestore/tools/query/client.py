@@ -1,8 +1,9 @@
 """StateClient: a running query's state, queried while it runs (the seeds' QueryableStateClient,
 made consistent; DESIGN §9). It reads the checkpoint, never the executors: it follows Spark's commit
 log, brings each store it was asked about forward to every newly committed batch (replaying only
-what the batch changed), and answers point lookups, multi-key lookups and partial-key scans, each
-from one committed batch that the answer names. `batch=N` reads any retained batch.
+what the batch changed), and answers point lookups, multi-key lookups and partial-key scans
+(questions.py), each from one committed batch that the answer names. `batch=N` reads any retained
+batch.
 
 It never writes to the checkpoint and takes no lease: the query's GC is never held back. A file
 GC'd under a restore is retried on a newer batch; a store that cannot be opened (a damaged or missing
@@ -16,16 +17,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...store.errors import CheckpointMissingError, StateStoreError
-from ...store.manifest import KEY_ENCODING_FAMILIES
 from ...store.remote import filesystem_for
 from ..checkpoint import (
     DEFAULT_STORE_NAME,
-    SparkCheckpoint,
-    StoreLocation,
     batches_in,
     checkpoint_uri,
     commit_log_attempts,
@@ -33,12 +30,10 @@ from ..checkpoint import (
     planned_conf,
     query_id_of,
 )
-from ..families import Family, family_prefix
-from ..key_lookup import SHUFFLE_PARTITIONS, KeyRouter, KeyValueError, ScanNeededError, router_for
-from ..state_rows import key_matches
-from ..unsafe_row import RowDecodeError, SchemaError, SparkType, decode_row, key_row_bytes, unique_names
+from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
+from .layout import Layout, partitions_of_conf, shared_cache_options
+from .questions import Questions, schema_info
 from .served import ServedBatch, StoreId
-from .values import row_json
 from .versions import OpenVersion, StoreFollower
 
 log = logging.getLogger("pystatestore.query")
@@ -47,111 +42,6 @@ DEFAULT_POLL_SECONDS = 0.25
 DEFAULT_HISTORY_BATCHES = 2  # older batches kept open for time travel
 DEFAULT_CACHE_MIB = 256
 MISSING_FILE_RETRIES = 2  # advances to a newer batch when GC took a file under a restore
-
-
-def shared_cache_options(cache_mib: int) -> Callable[[], Any]:
-    """A factory of read options whose versions share one bounded block cache: a new version's files
-    are hard links of the last one's, and RocksDB keys its cache by file identity, so what one
-    version read stays cached for the next."""
-    import rocksdict
-
-    cache = rocksdict.Cache(cache_mib << 20)
-
-    def options() -> Any:
-        opts = rocksdict.Options(raw_mode=True)
-        table = rocksdict.BlockBasedOptions()
-        table.set_block_cache(cache)
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_top_level_index_and_filter(True)
-        opts.set_block_based_table_factory(table)
-        return opts
-
-    return options
-
-
-class QuestionError(StateStoreError):
-    """A question the checkpoint cannot answer as asked: an unknown operator, store, state variable
-    or key column, or a value of the wrong type (HTTP 400)."""
-
-    advice = "GET /v1/operators (StateClient.operators()) lists the operators, stores, variables and key columns."
-
-
-class BatchGoneError(CheckpointMissingError):
-    """A batch that is not, or no longer, in the commit log or the retained versions (HTTP 404)."""
-
-    advice = "Ask for a batch the query still retains (spark.sql.streaming.minBatchesToRetain), or leave out batch."
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One key's value at `batch` (None when absent): a JSON object, or a list of them for a state
-    variable holding several values per key."""
-
-    batch: int
-    found: bool
-    value: Any
-    partition: int | None  # None: a key scanned for (not its store's partitioning key) and not found
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batch": self.batch, "found": self.found, "value": self.value, "partition": self.partition}
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """Several keys, every one read at the same `batch`."""
-
-    batch: int
-    results: list[Answer]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "results": [{"found": a.found, "value": a.value, "partition": a.partition} for a in self.results],
-        }
-
-
-@dataclass(frozen=True)
-class Scan:
-    """Rows whose key has the given fields, at `batch`; `complete` is False when `limit` cut it short."""
-
-    batch: int
-    rows: list[dict[str, Any]]
-    complete: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batch": self.batch, "rows": self.rows, "complete": self.complete}
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """How keys of one store (or one state variable of it) are found: routed to their partition, or,
-    with `scan_reason`, scanned for."""
-
-    router: KeyRouter | None
-    scan_reason: str
-    family: Family | None
-
-
-@dataclass
-class _Layout:
-    """The checkpoint's stores as last read, and a follower for each store asked about."""
-
-    ckpt: SparkCheckpoint
-    generation: int
-    num_partitions: int | None
-    followers: dict[StoreId, StoreFollower] = field(default_factory=dict)
-    shapes: dict[tuple[int, str, str | None], _Shape] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._by_id = {(s.operator_id, s.partition_id, s.store_name): s for s in self.ckpt.stores if not s.foreign}
-
-    def location(self, store: StoreId) -> StoreLocation | None:
-        return self._by_id.get(store)
-
-    def close(self) -> None:
-        for follower in self.followers.values():
-            follower.close()
-        self.followers.clear()
 
 
 class _RetryError(Exception):
@@ -184,6 +74,7 @@ class StateClient:
         self._lock = threading.RLock()
         self._generation = 0
         self._layout = self._read_layout()
+        self._questions = Questions(self.uri, lambda: self._layout, self._view)
         batch = self._layout.ckpt.last_committed_batch
         if batch is None:
             raise BatchGoneError(
@@ -223,11 +114,11 @@ class StateClient:
                 try:
                     with self._served_for(None) as served:
                         opened = self._view(served, (op, partitions[0], name))
-                        info.update(_schema_info(opened.key_schema, opened.value_schema, opened.key_encoding))
+                        info.update(schema_info(opened.key_schema, opened.value_schema, opened.key_encoding))
                         if opened.has_families:
                             info["families"] = [
                                 {"name": f.name, "multipleValues": f.multiple_values, "keyEncoding": f.key_encoding}
-                                | _schema_info(f.key_schema, f.value_schema, f.key_encoding)
+                                | schema_info(f.key_schema, f.value_schema, f.key_encoding)
                                 for f in sorted(opened.families().values(), key=lambda f: f.family_id)
                             ]
                 except StateStoreError as e:
@@ -275,8 +166,8 @@ class StateClient:
         """The values of `keys`, every one read at the same batch."""
         for k in keys:
             if not isinstance(k, dict):
-                raise self._question(f"a key is a JSON object of key fields, not {k!r}")
-        return self._answer(batch, lambda served: self._lookup(served, keys, operator, store, family))
+                raise QuestionError(f"a key is a JSON object of key fields, not {k!r}", store=self.uri)
+        return self._answer(batch, lambda served: self._questions.lookup(served, keys, operator, store, family))
 
     def scan(
         self,
@@ -291,10 +182,12 @@ class StateClient:
         """Up to `limit` rows (key, value, partition) whose key has the fields of `key` (some of the
         key columns; none: every row), read across every partition at one batch."""
         if key is not None and not isinstance(key, dict):
-            raise self._question(f"a partial key is a JSON object of some key fields, not {key!r}")
+            raise QuestionError(f"a partial key is a JSON object of some key fields, not {key!r}", store=self.uri)
         if limit < 1:
-            raise self._question(f"limit must be at least 1, not {limit}")
-        return self._answer(batch, lambda served: self._scan(served, key or {}, limit, operator, store, family))
+            raise QuestionError(f"limit must be at least 1, not {limit}", store=self.uri)
+        return self._answer(
+            batch, lambda served: self._questions.scan(served, key or {}, limit, operator, store, family)
+        )
 
     def status(self) -> dict[str, Any]:
         """The batch served, the newest in the commit log at the last check, the stores open and
@@ -337,7 +230,7 @@ class StateClient:
         with self._lock:
             old = self._served
             for _ in range(MISSING_FILE_RETRIES + 1):
-                n = _partitions(planned_conf(self._fs, self._root, batch))
+                n = partitions_of_conf(planned_conf(self._fs, self._root, batch))
                 if batch < old.batch or (n is not None and n != self._layout.num_partitions) or self._replaced():
                     # The checkpoint was replaced or rescaled (a rewrite moved into place): read afresh.
                     self._reload_layout()
@@ -360,10 +253,10 @@ class StateClient:
         known = self._layout.ckpt.query_id
         return known is not None and query_id_of(self._fs, self._root) not in (None, known)
 
-    def _read_layout(self) -> _Layout:
+    def _read_layout(self) -> Layout:
         ckpt = open_checkpoint(self.uri)
         self._generation += 1
-        return _Layout(ckpt, self._generation, _partitions(ckpt.conf))
+        return Layout(ckpt, self._generation, partitions_of_conf(ckpt.conf))
 
     def _reload_layout(self) -> None:
         old = self._layout
@@ -495,175 +388,6 @@ class StateClient:
         except StateStoreError as e:
             return e
 
-    def _partitions_of(self, operator: int, store: str) -> list[int]:
-        parts = sorted(
-            s.partition_id for s in self._layout.ckpt.stores_of(operator) if s.store_name == store and not s.foreign
-        )
-        if not parts:
-            known = sorted({(s.operator_id, s.store_name) for s in self._layout.ckpt.stores})
-            raise self._question(
-                f"the checkpoint has no store '{store}' of operator {operator}; its stores (operator, name): {known}"
-            )
-        return parts
-
-    def _shape(self, served: ServedBatch, operator: int, store: str, family_name: str | None) -> _Shape:
-        """How to find keys of `store` (its first partition opened once per layout to learn it)."""
-        layout = self._layout
-        cache_key = (operator, store, family_name)
-        shape = layout.shapes.get(cache_key)
-        if shape is not None:
-            return shape
-        partitions = self._partitions_of(operator, store)
-        first = self._view(served, (operator, partitions[0], store))
-        family = self._family(first, family_name, store)
-        locations = [s for s in layout.ckpt.stores_of(operator) if s.store_name == store]
-        try:
-            if family is None:
-                router = router_for(layout.ckpt, locations, first.key_schema, first.key_encoding)
-            elif family.key_encoding != "raw":
-                raise ScanNeededError(
-                    f"state variable {family.name} keys by more than the grouping key ({family.key_encoding})"
-                )
-            else:
-                router = router_for(layout.ckpt, locations, family.key_schema, "raw")
-            shape = _Shape(router, "", family)
-        except ScanNeededError as e:
-            shape = _Shape(None, str(e), family)
-        layout.shapes[cache_key] = shape
-        return shape
-
-    def _lookup(
-        self, served: ServedBatch, keys: list[dict[str, Any]], operator: int, store: str, family_name: str | None
-    ) -> Lookup:
-        shape = self._shape(served, operator, store, family_name)
-        family = shape.family
-        try:
-            if shape.router is None:
-                raise ScanNeededError(shape.scan_reason)
-            routed = [shape.router.route(k) for k in keys]
-        except KeyValueError as e:
-            raise self._question(str(e)) from None
-        except ScanNeededError:
-            # Keys that are not their store's partitioning key: found by a scan of every partition.
-            return Lookup(served.batch, [self._found_by_scan(served, k, operator, store, family_name) for k in keys])
-        by_partition: dict[int, list[int]] = {}
-        for i, (p, _) in enumerate(routed):
-            by_partition.setdefault(p, []).append(i)
-        results: list[Answer | None] = [None] * len(keys)
-        for p, indexes in by_partition.items():
-            opened = self._view(served, (operator, p, store))
-            stored = [routed[i][1] for i in indexes]
-            value_type = opened.type_of(opened.value_schema)
-            multiple = False
-            if family is not None:
-                own = opened.families().get(family.name)
-                if own is None:  # this partition never declared the variable: nothing stored under it
-                    for i in indexes:
-                        results[i] = Answer(served.batch, False, None, p)
-                    continue
-                prefix = family_prefix(own.family_id)
-                stored = [prefix + k for k in stored]
-                value_type, multiple = opened.type_of(own.value_schema), own.multiple_values
-            for i, raw in zip(indexes, opened.get_many(stored), strict=True):
-                value = (
-                    None if raw is None else self._decode_value(opened, value_type, raw, family if multiple else None)
-                )
-                results[i] = Answer(served.batch, raw is not None, value, p)
-        return Lookup(served.batch, [r for r in results if r is not None])
-
-    def _found_by_scan(
-        self, served: ServedBatch, key: dict[str, Any], operator: int, store: str, family_name: str | None
-    ) -> Answer:
-        rows = self._scan(served, key, 1, operator, store, family_name, exact=True).rows
-        if not rows:
-            return Answer(served.batch, False, None, None)
-        return Answer(served.batch, True, rows[0]["value"], rows[0]["partition"])
-
-    def _scan(
-        self,
-        served: ServedBatch,
-        key: dict[str, Any],
-        limit: int,
-        operator: int,
-        store: str,
-        family_name: str | None,
-        *,
-        exact: bool = False,
-    ) -> Scan:
-        partitions = self._partitions_of(operator, store)
-        rows: list[dict[str, Any]] = []
-        for p in partitions:
-            opened = self._view(served, (operator, p, store))
-            family = self._family(opened, family_name, store, missing_ok=True)
-            if family_name is not None and family is None:
-                continue  # the variable was never declared in this partition
-            if family is not None:
-                key_type, value_type = opened.type_of(family.key_schema), opened.type_of(family.value_schema)
-                prefix = family_prefix(family.family_id)
-            else:
-                key_type, value_type = opened.type_of(opened.key_schema), opened.type_of(opened.value_schema)
-                prefix = b""
-            names = unique_names([n for n, _, _ in key_type.fields])
-            unknown = set(key) - set(names)
-            if unknown:
-                raise self._question(
-                    f"the key has no column(s) {', '.join(sorted(unknown))}; its columns: {', '.join(names)}"
-                )
-            if exact and set(key) != set(names):
-                raise self._question(f"a key must name every key column ({', '.join(names)})")
-            for k, v in opened.items(prefix):
-                try:
-                    row = family.key_row(k) if family is not None else key_row_bytes(k, opened.key_encoding)
-                    decoded = row_json(key_type, decode_row(key_type, row))
-                    if key and not key_matches(decoded, [key]):
-                        continue
-                    value = self._decode_value(
-                        opened, value_type, v, family if family and family.multiple_values else None
-                    )
-                except (RowDecodeError, SchemaError) as e:
-                    raise self._undecodable(opened, e) from None
-                rows.append({"key": decoded, "value": value, "partition": p})
-                if len(rows) >= limit:
-                    return Scan(served.batch, rows, False)
-        return Scan(served.batch, rows, True)
-
-    def _family(self, opened: OpenVersion, name: str | None, store: str, *, missing_ok: bool = False) -> Family | None:
-        if not opened.has_families:
-            if name is not None:
-                raise self._question(f"store '{store}' has no state variables (it is not a transformWithState store)")
-            return None
-        if name is None:
-            raise self._question(
-                f"store '{store}' is a transformWithState store: name a state variable (family); its variables: "
-                f"{', '.join(sorted(f for f in opened.families() if not f.startswith('$'))) or 'none'}"
-            )
-        found = opened.families().get(name)
-        if found is None and not missing_ok:
-            raise self._question(
-                f"store '{store}' has no state variable '{name}'; its variables: "
-                f"{', '.join(sorted(opened.families())) or 'none'}"
-            )
-        return found
-
-    def _decode_value(self, opened: OpenVersion, value_type: SparkType, raw: bytes, listing: Family | None) -> Any:
-        try:
-            if listing is not None:
-                return [row_json(value_type, decode_row(value_type, v)) for v in listing.values(raw)]
-            return row_json(value_type, decode_row(value_type, raw))
-        except (RowDecodeError, SchemaError) as e:
-            raise self._undecodable(opened, e) from None
-
-    def _undecodable(self, opened: OpenVersion, e: Exception) -> StateStoreError:
-        return StateStoreError(
-            f"a state row does not decode with the schemas the manifests record ({e})",
-            store=opened.location.uri,
-            version=opened.version,
-            advice='Nothing was changed. Read it with spark.read.format("statestore").',
-        )
-
-    def _question(self, problem: str) -> QuestionError:
-        return QuestionError(problem, store=self.uri)
-
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:
         self._stop.set()
@@ -697,22 +421,6 @@ class _Pinned:
     def __exit__(self, *exc: Any) -> None:
         assert self.served is not None
         self.served.unpin()
-
-
-def _partitions(conf: dict[str, str]) -> int | None:
-    try:
-        return int(conf[SHUFFLE_PARTITIONS])
-    except (KeyError, ValueError):
-        return None
-
-
-def _schema_info(key_schema: str, value_schema: str, key_encoding: str) -> dict[str, Any]:
-    import json
-
-    info: dict[str, Any] = {"keySchema": json.loads(key_schema), "valueSchema": json.loads(value_schema)}
-    if key_encoding != KEY_ENCODING_FAMILIES:
-        info["keyColumns"] = unique_names([f["name"] for f in info["keySchema"].get("fields", [])])
-    return info
 
 
 def _store_text(store: StoreId) -> str:
