@@ -1,18 +1,24 @@
 """Benchmark: queryable state while the query runs (issue 68). A count per key over 1M keys, 4
 partitions, 1% of the keys updated per batch, a batch every 1.5 s (processing-time trigger), on
-pystatestore in its default mode. Each run is one query in its own driver JVM for --minutes;
-runs alternate between the query alone and the query with `pystatestore serve` following its
-checkpoint and a client in another process asking for random keys (a tenth of them absent) over
---connections keep-alive connections (a thread each), as fast as answers come.
+pystatestore in its default mode. Each run is one query in its own driver JVM for --minutes, of
+one of three kinds, taken in turn: the query alone; the query with `pystatestore serve` following
+its checkpoint and nobody asking ("following"); and the query with the service and a client in
+another process asking for random keys (a tenth of them absent) over --connections keep-alive
+connections (a thread each) at --rate lookups/s in all ("asked"; --rate 0: as fast as answers come).
 
-Reported: the client's latency per lookup (p50, p99, max) and lookups per second; the lag of each
-answer (how many batches the query had committed, by its progress reports, before the request that
-the answer's batch is behind); the query's median batch time with the service against without it;
-and, as the anchor, the same question asked through Spark's own state reader
+The client's rate is offered, not answered: each connection sends on a fixed schedule, and a
+lookup's latency runs from when it was due, so a stalled service is charged for every lookup that
+waited behind it (no coordinated omission).
+
+Reported: the client's latency per lookup (p50, p99, max) and lookups answered per second; the lag
+of each answer (how many batches the query had committed, by its progress reports, before the
+request that the answer's batch is behind); the query's median batch time of each kind against the
+query alone; and, as the anchor, the same question asked through Spark's own state reader
 (`spark.read.format("statestore")` with a key filter) on the stopped checkpoint, in the same run.
 
     .venv/bin/python scripts/bench_queryable.py [--minutes 3] [--repeat 2] [--keys 1000000]
-        [--connections 2] [--pyspark 4.3] [--out bench/queryable-....txt]
+        [--rate 3000] [--connections 2] [--kinds alone,following,asked] [--pyspark 4.3]
+        [--out bench/queryable-....txt]
 
 Goals (issue 68): p50 at most 1 ms and p99 at most 5 ms at the client, at least 3,000 lookups/s,
 lag at most 1 batch at p99, the query's batch time with the service at most 1.05x without it.
@@ -22,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import http.client
 import json
 import os
 import platform
@@ -64,36 +69,78 @@ def query_child(args: argparse.Namespace) -> None:
 
 
 # -- the asking client (another process) ------------------------------------------------------
+class KeepAlive:
+    """One keep-alive HTTP/1.1 connection, lean so the client takes little of the 2 cores the query
+    and the service need: each GET written as bytes, each response read by httptools (the parser
+    uvicorn uses, installed with the serve extra). http.client costs about 85 us of CPU a request
+    here, this about a quarter of it."""
+
+    def __init__(self, port: int) -> None:
+        import httptools
+
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.complete = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        self.body, self.complete = [], False
+        self.sock.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        while not self.complete:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the service closed the connection")
+            self.parser.feed_data(data)
+        return self.parser.get_status_code(), b"".join(self.body)
+
+
 def asker_child(args: argparse.Namespace) -> None:
     """Asks for random keys over --connections keep-alive connections (a thread each) until
-    --seconds pass; writes (start time, latency s, batch, found, status) per answer."""
+    --seconds pass, each connection on its own schedule of --rate / --connections lookups a second
+    (--rate 0: the next as soon as an answer came); writes (due time, latency s, batch, found,
+    status) per answer, the latency counted from when the lookup was due."""
     answers: list[tuple[float, float, int, bool, int]] = []
     errors: list[str] = []
+    connections = int(args.connections)
+    interval = connections / float(args.rate) if float(args.rate) > 0 else 0.0
     deadline = time.time() + float(args.seconds)
 
     def ask(seed: int) -> None:
         rnd = random.Random(seed)
-        conn = http.client.HTTPConnection("127.0.0.1", int(args.port), timeout=30)
+        conn = KeepAlive(int(args.port))
         mine = []
-        while time.time() < deadline:
+        # perf_counter schedules the sends; the wall clock names them, to match the query's batches
+        wall_offset = time.time() - time.perf_counter()
+        due = time.perf_counter() + interval * seed / connections  # connections spread over an interval
+        while due + wall_offset < deadline:
+            if interval:
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+            else:
+                due = time.perf_counter()
             key = rnd.randrange(args.keys * 10 // 9)  # a tenth of the keys asked for were never written
             path = "/v1/state?key=" + urllib.parse.quote(json.dumps({"key": key}))
-            started_wall = time.time()
-            started = time.perf_counter()
-            conn.request("GET", path)
-            response = conn.getresponse()
-            body = response.read()
-            latency = time.perf_counter() - started
+            status, body = conn.get(path)
+            latency = time.perf_counter() - due
             batch, found = -1, False
-            if response.status == 200:
+            if status == 200:
                 parsed = json.loads(body)
                 batch, found = parsed["batch"], parsed["found"]
                 if found != (key < args.keys):
                     errors.append(f"key {key}: found={found}, but it was {'' if key < args.keys else 'never '}written")
-            mine.append((started_wall, latency, batch, found, response.status))
+            mine.append((due + wall_offset, latency, batch, found, status))
+            due += interval
         answers.extend(mine)
 
-    threads = [threading.Thread(target=ask, args=(11 + i,)) for i in range(int(args.connections))]
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -105,11 +152,13 @@ def asker_child(args: argparse.Namespace) -> None:
 
 class ServiceWatcher:
     """Started with the query's child: once the query committed its first batch, starts
-    `pystatestore serve` on its checkpoint and the asking client; stops both at the end."""
+    `pystatestore serve` on its checkpoint and, when `asking`, the asking client; stops both at the
+    end."""
 
-    def __init__(self, checkpoint: Path, work: Path, keys: int, seconds: float, tag: str, connections: int) -> None:
-        self.checkpoint, self.work, self.keys, self.seconds, self.tag = checkpoint, work, keys, seconds, tag
-        self.connections = connections
+    def __init__(self, checkpoint: Path, work: Path, args: argparse.Namespace, tag: str, asking: bool) -> None:
+        self.checkpoint, self.work, self.tag, self.asking = checkpoint, work, tag, asking
+        self.keys, self.seconds = args.keys, args.minutes * 60
+        self.rate, self.connections = args.rate, args.connections
         self.procs: list[subprocess.Popen] = []
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -145,6 +194,8 @@ class ServiceWatcher:
                     self.error = "the service did not start; see its log"
                     return
                 time.sleep(0.2)
+        if not self.asking:
+            return
         left = self.seconds - (time.time() - self.started) - 5  # ends before the query does
         argv = script_argv(
             __file__,
@@ -152,6 +203,7 @@ class ServiceWatcher:
             port=port,
             keys=self.keys,
             seconds=left,
+            rate=self.rate,
             connections=self.connections,
             out=self.answers_file,
         )
@@ -190,15 +242,20 @@ def anchor_child(args: argparse.Namespace) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-def run_query(args: argparse.Namespace, work: Path, tag: str, served: bool) -> dict[str, Any]:
+KINDS = {"alone": "the query alone", "following": "the service following", "asked": "the service asked"}
+
+
+def run_query(args: argparse.Namespace, work: Path, tag: str, kind: str) -> dict[str, Any]:
     checkpoint, progress = work / f"ckpt-{tag}", work / f"progress-{tag}.jsonl"
     cmd = script_argv(
         __file__, child=True, input=work / "input", checkpoint=checkpoint, progress=progress, minutes=args.minutes
     )
-    print(f"bench_queryable: {tag} ({'with' if served else 'without'} the service)", file=sys.stderr, flush=True)
+    print(f"bench_queryable: {tag} ({KINDS[kind]})", file=sys.stderr, flush=True)
     log = work / f"{tag}.log"
-    watcher = ServiceWatcher(checkpoint, work, args.keys, args.minutes * 60, tag, args.connections)
-    run = run_child(cmd, timeout=args.minutes * 60 + 600, log=log, watch=lambda pid: [watcher] if served else [])
+    watcher = ServiceWatcher(checkpoint, work, args, tag, asking=kind == "asked")
+    run = run_child(
+        cmd, timeout=args.minutes * 60 + 600, log=log, watch=lambda pid: [watcher] if kind != "alone" else []
+    )
     if run.returncode != 0:
         raise SystemExit(f"{tag}: exit code {run.returncode}; log tail:\n{log.read_text()[-3000:]}")
     if watcher.error:
@@ -206,7 +263,7 @@ def run_query(args: argparse.Namespace, work: Path, tag: str, served: bool) -> d
     batches = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
     batches = [b for b in batches if b.get("numInputRows", 0) > 0]
     result: dict[str, Any] = {"batches": batches, "checkpoint": checkpoint}
-    if served:
+    if kind == "asked":
         result["answers"] = json.loads(watcher.answers_file.read_text()) if watcher.answers_file.exists() else []
     return result
 
@@ -243,7 +300,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each kind, alternating")
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--touched-pct", type=float, default=1.0)
+    ap.add_argument("--rate", type=float, default=3000.0, help="lookups/s offered in all (0: as fast as answered)")
     ap.add_argument("--connections", type=int, default=2, help="the client's keep-alive connections, a thread each")
+    ap.add_argument("--kinds", default="alone,following,asked", help="the kinds of run, taken in turn")
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -251,6 +310,9 @@ def main() -> int:
     ap.add_argument("--anchor", action="store_true", help=argparse.SUPPRESS)
     hidden_options(ap, "--input", "--checkpoint", "--progress", "--port", "--seconds")
     args = ap.parse_args()
+    kinds = args.kinds.split(",")
+    if not args.child and not args.asker and not args.anchor and ("alone" not in kinds or set(kinds) - set(KINDS)):
+        ap.error(f"--kinds: some of {', '.join(KINDS)}, alone among them (every ratio is against it)")
     if args.child:
         query_child(args)
         return 0
@@ -270,14 +332,15 @@ def main() -> int:
     runs: list[tuple[str, dict[str, Any]]] = []
     with watching_load() as load:
         for i in range(args.repeat):
-            for served in (False, True) if i % 2 == 0 else (True, False):
-                tag = f"{'served' if served else 'alone'}-{i + 1}"
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                tag = f"{kind}-{i + 1}"
                 load.phase = tag
-                runs.append((tag, run_query(args, work, tag, served)))
+                runs.append((tag, run_query(args, work, tag, kind)))
         load.phase = "anchor"
-        last_served = [r for tag, r in runs if tag.startswith("served")][-1]
+        served = [r for tag, r in runs if not tag.startswith("alone")] or [r for _, r in runs]
         anchor = run_child(
-            script_argv(__file__, anchor=True, checkpoint=last_served["checkpoint"], keys=args.keys), timeout=1800
+            script_argv(__file__, anchor=True, checkpoint=served[-1]["checkpoint"], keys=args.keys),
+            timeout=1800,
         )
         anchor_line = result_line(anchor.stdout)
         if anchor.returncode != 0 or anchor_line is None:
@@ -287,16 +350,19 @@ def main() -> int:
     def steady_ms(run: dict[str, Any]) -> list[float]:
         return [b["durationMs"]["triggerExecution"] for b in run["batches"][WARMUP_BATCHES:]]
 
-    alone = [statistics.median(steady_ms(r)) for tag, r in runs if tag.startswith("alone")]
-    served_runs = [r for tag, r in runs if tag.startswith("served")]
-    with_service = [statistics.median(steady_ms(r)) for r in served_runs]
-    answers = [a for r in served_runs for a in r["answers"]]
+    def medians(kind: str) -> list[float]:
+        return [statistics.median(steady_ms(r)) for tag, r in runs if tag.rsplit("-", 1)[0] == kind]
+
+    alone = medians("alone")
+    asked_runs = [r for tag, r in runs if tag.startswith("asked")]
+    answers = [a for r in asked_runs for a in r["answers"]]
     ok = [a for a in answers if a[4] == 200]
     latencies_ms = [a[1] * 1000 for a in ok]
     # the client asks from the service's start (after the query's first batch) until just before the query ends
-    seconds = sum(r["answers"][-1][0] - r["answers"][0][0] for r in served_runs if r["answers"])
-    all_lags = [lag for r in served_runs for lag in lags(r["answers"], r["batches"])]
+    seconds = sum(r["answers"][-1][0] - r["answers"][0][0] for r in asked_runs if r["answers"])
+    all_lags = [lag for r in asked_runs for lag in lags(r["answers"], r["batches"])]
     failed = len(answers) - len(ok)
+    offered = "as fast as answers come" if not args.rate else f"{args.rate:,.0f} lookups/s offered in all"
     lines = [
         f"# pystatestore queryable-state bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "# command: .venv/bin/python scripts/" + " ".join([Path(__file__).name, *sys.argv[1:]]),
@@ -305,23 +371,34 @@ def main() -> int:
         f"{PARTITIONS} partitions, trigger every {TRIGGER}",
         f"# workload: a count and sum per key, {args.keys:,} keys loaded by the first batch, then {touched:,} "
         f"random keys updated per batch; each run a query of {args.minutes:g} min in its own driver JVM, "
-        f"{args.repeat} runs alone and {args.repeat} with the service, alternating",
+        f"{args.repeat} run(s) of each kind ({', '.join(f'{k}: {KINDS[k]}' for k in kinds)}), taken in turn",
         "# the service: `pystatestore serve CHECKPOINT` (another process) following the commit log; the client: "
         "another process asking GET /v1/state for random keys (a tenth never written) over "
-        f"{args.connections} keep-alive connection(s), one request at a time on each",
+        f"{args.connections} keep-alive connection(s), {offered}, latency counted from when each lookup was due",
         "",
-        f"lookups: {len(ok):,} answered in {seconds:.0f} s ({len(ok) / seconds:,.0f}/s), {failed} failed",
-        f"latency at the client: p50 {pct(latencies_ms, 0.5):.3f} ms, p99 {pct(latencies_ms, 0.99):.3f} ms, "
-        f"max {max(latencies_ms):.1f} ms",
-        f"lag behind the commit log (batches): p50 {pct(all_lags, 0.5)}, p99 {pct(all_lags, 0.99)}, "
-        f"max {max(all_lags)}",
-        f"query median batch ms (batches after the first {WARMUP_BATCHES}): alone "
-        f"{', '.join(f'{v:.0f}' for v in alone)}; with the service {', '.join(f'{v:.0f}' for v in with_service)}",
-        f"query batch time with the service / alone: {statistics.median(with_service) / statistics.median(alone):.3f}x",
-        f"anchor: spark.read.format('statestore') with a key filter, on the stopped checkpoint: "
-        f"median {statistics.median(anchor_s) * 1000:,.0f} ms a question ({ANCHOR_QUESTIONS} questions); "
-        f"the service's p50 is {statistics.median(anchor_s) * 1000 / pct(latencies_ms, 0.5):,.0f}x faster",
     ]
+    if answers:
+        lines += [
+            f"lookups: {len(ok):,} answered in {seconds:.0f} s ({len(ok) / seconds:,.0f}/s), {failed} failed",
+            f"latency at the client: p50 {pct(latencies_ms, 0.5):.3f} ms, p99 {pct(latencies_ms, 0.99):.3f} ms, "
+            f"max {max(latencies_ms):.1f} ms",
+            f"lag behind the commit log (batches): p50 {pct(all_lags, 0.5)}, p99 {pct(all_lags, 0.99)}, "
+            f"max {max(all_lags)}",
+        ]
+    lines.append(
+        f"query median batch ms (batches after the first {WARMUP_BATCHES}): "
+        + "; ".join(f"{KINDS[k]} {', '.join(f'{v:.0f}' for v in medians(k))}" for k in kinds)
+    )
+    for kind in kinds:
+        if kind != "alone":
+            ratio = statistics.median(medians(kind)) / statistics.median(alone)
+            lines.append(f"query batch time, {KINDS[kind]} / alone: {ratio:.3f}x")
+    anchor_ms = statistics.median(anchor_s) * 1000
+    lines.append(
+        f"anchor: spark.read.format('statestore') with a key filter, on the stopped checkpoint: "
+        f"median {anchor_ms:,.0f} ms a question ({ANCHOR_QUESTIONS} questions)"
+        + (f"; the service's p50 is {anchor_ms / pct(latencies_ms, 0.5):,.0f}x faster" if answers else "")
+    )
     write_report("\n".join(lines) + "\n", args.out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
