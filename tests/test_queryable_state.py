@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.cli import main
 from pystatestore.tools.query import BatchGoneError, QuestionError, StateClient
 from pystatestore.tools.query.server import ServeConfigError, check_binding, create_app
@@ -151,14 +152,17 @@ class Asker:
             time.sleep(0.002)
 
 
-def test_every_answer_equals_the_input_at_the_batch_it_names(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("restore_in", ["thread", "process"])
+def test_every_answer_equals_the_input_at_the_batch_it_names(
+    spark: SparkSession, tmp_path: Path, restore_in: str
+) -> None:
     input_dir, ckpt = tmp_path / "in", tmp_path / "ckpt"
     files = write_files(input_dir, 0, 8)
     query = start_query(spark, input_dir, ckpt)
     killed: list[int] = []
     try:
         wait_for_batch(ckpt, 0, query)
-        with StateClient(str(ckpt), poll_seconds=0.05) as client:
+        with StateClient(str(ckpt), poll_seconds=0.05, restore_in=restore_in) as client:
             asker = Asker(client, files)
             asker.thread.start()
             wait_for_batch(ckpt, 3, query)
@@ -233,7 +237,7 @@ def stopped_query(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory)
 def test_the_client_never_writes_into_the_checkpoint(stopped_query: tuple[Path, list], tmp_path: Path) -> None:
     ckpt, files = stopped_query
     before = tree_state(ckpt)
-    with StateClient(str(ckpt), follow=False, scratch=str(tmp_path)) as client:
+    with StateClient(str(ckpt), follow=False, scratch=str(tmp_path), restore_in="process") as client:
         for b in committed(ckpt)[-3:]:
             client.get_many([{"key": f"k{i}"} for i in range(KEYS)], batch=b)
         client.scan(limit=5)
@@ -284,7 +288,7 @@ def key_param(key: dict) -> str:
 def test_the_http_interface(stopped_query: tuple[Path, list]) -> None:
     ckpt, files = stopped_query
     want = expected_state(files, 5)
-    with StateClient(str(ckpt), follow=False) as client:
+    with StateClient(str(ckpt), follow=False, restore_in="process") as client:
         served = Served(client)
         try:
             status, body = served.request("GET", f"/v1/state?key={key_param({'key': 'k7'})}")
@@ -386,6 +390,27 @@ def test_a_damaged_file_fails_only_its_store(stopped_query: tuple[Path, list], t
             assert status == 404 and "no longer retained" in body["error"], body
         finally:
             served.close()
+
+
+def test_a_dead_restore_process_fails_its_restore_by_name_and_a_new_one_takes_over(
+    stopped_query: tuple[Path, list], tmp_path: Path
+) -> None:
+    ckpt, files = stopped_query
+    last = max(committed(ckpt))
+    with StateClient(str(ckpt), follow=False, scratch=str(tmp_path), restore_in="process") as client:
+        assert client.get({"key": "k1"}).value == expected_state(files, last).get("k1")
+        restores = client._restores
+        assert restores is not None and restores._process is not None
+        os.kill(restores._process.pid, signal.SIGKILL)  # as the OS's OOM killer would
+        restores._process.wait(10)
+        with pytest.raises(StateStoreError, match=r"ended \(exit code -9\)"):
+            client.get({"key": "k1"}, batch=last - 1)  # a restore the dead process was asked for
+        found = client.get({"key": "k1"}, batch=last - 2)  # the next starts a new one
+        assert found.value == expected_state(files, last - 2).get("k1")
+        assert client.get({"key": "k2"}).value == expected_state(files, last).get("k2")  # opened before: still open
+        child = restores._process
+    assert child.poll() is not None, "the restore process outlived its client"
+    assert not list(tmp_path.iterdir()), "the restores' scratch space was left behind"
 
 
 def test_the_client_follows_a_checkpoint_repartitioned_in_place(spark: SparkSession, tmp_path: Path) -> None:

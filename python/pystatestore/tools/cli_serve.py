@@ -26,8 +26,22 @@ from .cli_output import err
     "--poll-seconds", type=float, default=0.25, show_default=True, help="How often the commit log is checked."
 )
 @click.option("--scratch", default=None, help="Where restored versions are kept (default: a temporary directory).")
+@click.option(
+    "--restore-in",
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Where newly committed versions are restored: a child process (answers never wait behind a "
+    "restore for Python's GIL) or a thread of the service.",
+)
 def serve(
-    checkpoint: str, host: str, port: int, token_file: Path | None, poll_seconds: float, scratch: str | None
+    checkpoint: str,
+    host: str,
+    port: int,
+    token_file: Path | None,
+    poll_seconds: float,
+    scratch: str | None,
+    restore_in: str,
 ) -> None:
     """Answer point lookups, multi-key lookups and scans of a running query's state over HTTP, each
     from one committed batch it names, following the query as it commits. Never writes to the
@@ -49,7 +63,7 @@ def serve(
     from .query.client import StateClient
 
     try:
-        client = StateClient(checkpoint, poll_seconds=poll_seconds, scratch=scratch)
+        client = StateClient(checkpoint, poll_seconds=poll_seconds, scratch=scratch, restore_in=restore_in)
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
     err.print(f"serving {client.uri} (batch {client.batch}) on http://{host}:{port}", markup=False)

@@ -276,20 +276,27 @@ class StoreReader:
         local DB at scratch directory `name` (new), opened read-only with `options` (rocksdict
         Options; default: raw mode). The local DB moves forward by replaying what each newer version
         changed, so reading versions in order restores each one's changes only."""
-        import rocksdict
-
         from ..store import frames
 
-        cid = checkpoint_id if checkpoint_id is not None else self.attempts.get(version)
-        if self.backend.read_path == "frame":
+        if self.reads_frames:
+            cid = checkpoint_id if checkpoint_id is not None else self.attempts.get(version)
             result = self.backend.load(version, None, cid)
             assert result.frame is not None
             return frames.buffer_to_state(result.frame)
+        return open_read_only(self.checkpoint_version(version, name, checkpoint_id), options)
+
+    @property
+    def reads_frames(self) -> bool:
+        """Whether the store's backend restores to an in-memory frame (no RocksDB to checkpoint)."""
+        return self.backend.read_path == "frame"
+
+    def checkpoint_version(self, version: int, name: str, checkpoint_id: str | None = None) -> Path:
+        """`version` restored into this reader's local DB (RocksDB backends), left as a checkpoint of
+        it at scratch directory `name` (new), not opened: another process may open it."""
+        cid = checkpoint_id if checkpoint_id is not None else self.attempts.get(version)
         view = self.scratch_dir / name
         self.backend.load(version, str(view), cid)
-        opts = options if options is not None else rocksdict.Options(raw_mode=True)
-        opts.create_if_missing(False)
-        return rocksdict.Rdict(str(view), opts, access_type=rocksdict.AccessType.read_only())
+        return view
 
     @property
     def scratch_dir(self) -> Path:
@@ -307,3 +314,13 @@ class StoreReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def open_read_only(path: Path, options: Any = None) -> Any:
+    """A RocksDB checkpoint directory opened read-only, with `options` (rocksdict Options; default:
+    raw mode)."""
+    import rocksdict
+
+    opts = options if options is not None else rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(False)
+    return rocksdict.Rdict(str(path), opts, access_type=rocksdict.AccessType.read_only())

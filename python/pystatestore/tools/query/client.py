@@ -23,6 +23,7 @@ from ...store.errors import CheckpointMissingError, StateStoreError
 from ...store.remote import filesystem_for
 from ..checkpoint import (
     DEFAULT_STORE_NAME,
+    StoreLocation,
     batches_in,
     checkpoint_uri,
     commit_log_attempts,
@@ -33,8 +34,9 @@ from ..checkpoint import (
 from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
 from .layout import Layout, partitions_of_conf, shared_cache_options
 from .questions import Questions, schema_info
+from .restorer import ProcessFollower, RestoreProcess
 from .served import ServedBatch, StoreId
-from .versions import OpenVersion, StoreFollower
+from .versions import Follower, OpenVersion, StoreFollower
 
 log = logging.getLogger("pystatestore.query")
 
@@ -60,17 +62,24 @@ class StateClient:
         scratch: str | None = None,
         history_batches: int = DEFAULT_HISTORY_BATCHES,
         cache_mib: int = DEFAULT_CACHE_MIB,
+        restore_in: str = "thread",
     ) -> None:
         """`checkpoint`: the query's checkpointLocation (a path, file:, s3://...). `follow`: a thread
         checks the commit log every `poll_seconds` and serves each newly committed batch (else call
         `refresh()`). `scratch`: where restored versions go (default: a temporary directory).
         `history_batches`: older batches kept open for `batch=N` questions. `cache_mib`: the block
-        cache every opened version shares."""
+        cache every opened version shares. `restore_in`: "thread" restores newly committed versions
+        in this process; "process" in a child process of its own, so they never hold this
+        process's GIL (what `pystatestore serve` does: answers on an event loop would wait behind
+        them)."""
+        if restore_in not in ("thread", "process"):
+            raise ValueError(f'restore_in is "thread" or "process", not {restore_in!r}')
         self.uri = checkpoint_uri(checkpoint)
         self._fs, self._root = filesystem_for(self.uri)
         self._scratch = scratch
         self._options = shared_cache_options(cache_mib)
         self._history_limit = history_batches
+        self._restores = RestoreProcess(scratch) if restore_in == "process" else None
         self._lock = threading.RLock()
         self._generation = 0
         self._layout = self._read_layout()
@@ -84,7 +93,7 @@ class StateClient:
                 advice="Start the service once the query has committed its first batch.",
             )
         self._served = self._new_served(batch)
-        self._history: OrderedDict[int, tuple[ServedBatch, dict[StoreId, StoreFollower]]] = OrderedDict()
+        self._history: OrderedDict[int, tuple[ServedBatch, dict[StoreId, Follower]]] = OrderedDict()
         self.newest_committed = batch
         self.last_poll = time.time()
         self._stop = threading.Event()
@@ -277,7 +286,7 @@ class StateClient:
         try:
             follower = layout.followers.get(store)
             if follower is None:
-                follower = layout.followers[store] = StoreFollower(location, self._scratch, self._options)
+                follower = layout.followers[store] = self._new_follower(location)
             cid = dict((attempts or {}).get(store, ())).get(version)
             if cid is None and location.attempts:
                 cid = self._attempt_of(store, version)
@@ -286,6 +295,11 @@ class StateClient:
             return e
         except OSError as e:  # the checkpoint's storage failed under the restore
             return StateStoreError(f"reading the store failed: {e}", store=location.uri, version=version)
+
+    def _new_follower(self, location: StoreLocation) -> Follower:
+        if self._restores is not None:
+            return ProcessFollower(location, self._restores, self._scratch, self._options)
+        return StoreFollower(location, self._scratch, self._options)
 
     def _attempt_of(self, store: StoreId, version: int) -> str | None:
         """Checkpoint format v2: the attempt of `version` the commit log names."""
@@ -337,7 +351,7 @@ class StateClient:
                     file=f"commits/{batch}",
                 )
             served = ServedBatch(batch, self._layout.generation)
-            followers: dict[StoreId, StoreFollower] = {}
+            followers: dict[StoreId, Follower] = {}
             served.after_close(lambda: [f.close() for f in followers.values()])
             self._history[batch] = (served, followers)
             while len(self._history) > self._history_limit:
@@ -371,7 +385,7 @@ class StateClient:
         return opened
 
     def _open_historic(
-        self, followers: dict[StoreId, StoreFollower], store: StoreId, version: int
+        self, followers: dict[StoreId, Follower], store: StoreId, version: int
     ) -> OpenVersion | StateStoreError:
         location = self._layout.location(store)
         if location is None:
@@ -379,7 +393,7 @@ class StateClient:
         try:
             follower = followers.get(store)
             if follower is None:
-                follower = followers[store] = StoreFollower(location, self._scratch, self._options)
+                follower = followers[store] = self._new_follower(location)
             return follower.open(version, self._attempt_of(store, version) if location.attempts else None)
         except CheckpointMissingError as e:
             return BatchGoneError(
@@ -398,6 +412,8 @@ class StateClient:
                 served.retire()
             self._history.clear()
             self._served.after_close(self._layout.close)
+            if self._restores is not None:
+                self._served.after_close(self._restores.close)
             self._served.retire()
 
     def __enter__(self) -> StateClient:

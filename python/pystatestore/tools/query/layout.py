@@ -11,7 +11,7 @@ from ..checkpoint import SparkCheckpoint, StoreLocation
 from ..families import Family
 from ..key_lookup import SHUFFLE_PARTITIONS, KeyRouter
 from .served import StoreId
-from .versions import StoreFollower
+from .versions import Follower
 
 
 def shared_cache_options(cache_mib: int) -> Callable[[], Any]:
@@ -51,7 +51,7 @@ class Layout:
     ckpt: SparkCheckpoint
     generation: int
     num_partitions: int | None
-    followers: dict[StoreId, StoreFollower] = field(default_factory=dict)
+    followers: dict[StoreId, Follower] = field(default_factory=dict)
     shapes: dict[tuple[int, str, str | None], Shape] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

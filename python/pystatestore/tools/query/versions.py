@@ -9,13 +9,13 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...store.errors import StateStoreError
 from ...store.manifest import KEY_ENCODING_FAMILIES
 from ..checkpoint import StoreLocation
 from ..families import REGISTRY_ID, Family, family_prefix, registry
-from ..store_reader import StoreReader
+from ..store_reader import StoreReader, open_read_only
 from ..unsafe_row import SparkType, parse_schema
 
 
@@ -96,6 +96,16 @@ class OpenVersion:
         return self._families
 
 
+class Follower(Protocol):
+    """A store read as the query commits: versions opened in order."""
+
+    version: int
+
+    def open(self, version: int, checkpoint_id: str | None = None) -> OpenVersion: ...
+
+    def close(self) -> None: ...
+
+
 class StoreFollower:
     """One store read as the query commits: a StoreReader whose local DB is brought forward to each
     newer version asked for (replaying only what changed since the last), each left as an OpenVersion.
@@ -105,7 +115,7 @@ class StoreFollower:
         self.location = location
         self.reader = StoreReader(location, scratch)
         self._options_factory = options_factory
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._opened = 0
         self.version = 0  # the newest version opened
         self._schemas: tuple[str, str, str] | None = None
@@ -114,19 +124,37 @@ class StoreFollower:
         """`version` opened: its own checkpoint directory of the local DB. Raises the store's own
         error (naming store, version and file) when a file is missing or damaged."""
         with self._lock:
-            if version < self.version:
-                raise StateStoreError(
-                    f"version {version} is older than {self.version}, which this follower has opened",
-                    store=self.location.uri,
-                    version=version,
-                )
+            if self.reader.reads_frames:
+                self._check_order(version)
+                db = self.reader.open_version(version, "", checkpoint_id)
+                self.version = version
+                return OpenVersion(self.location, version, db, None, self._schemas_of(version, checkpoint_id))
+            path, schemas = self.restore(version, checkpoint_id)
+        options = self._options_factory() if self._options_factory is not None else None
+        try:
+            db = open_read_only(path, options)
+        except Exception:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return OpenVersion(self.location, version, db, path, schemas)
+
+    def restore(self, version: int, checkpoint_id: str | None = None) -> tuple[Path, tuple[str, str, str]]:
+        """`version` restored (RocksDB backends) and left as a checkpoint directory of the local DB,
+        not opened (whoever opens it removes it once done); with the version's schemas."""
+        with self._lock:
+            self._check_order(version)
             self._opened += 1
-            name = f"v{version}-{self._opened}"
-            options = self._options_factory() if self._options_factory is not None else None
-            db = self.reader.open_version(version, name, checkpoint_id, options)
+            path = self.reader.checkpoint_version(version, f"v{version}-{self._opened}", checkpoint_id)
             self.version = version
-            path = None if isinstance(db, dict) else self.reader.scratch_dir / name
-            return OpenVersion(self.location, version, db, path, self._schemas_of(version, checkpoint_id))
+            return path, self._schemas_of(version, checkpoint_id)
+
+    def _check_order(self, version: int) -> None:
+        if version < self.version:
+            raise StateStoreError(
+                f"version {version} is older than {self.version}, which this follower has opened",
+                store=self.location.uri,
+                version=version,
+            )
 
     def _schemas_of(self, version: int, checkpoint_id: str | None) -> tuple[str, str, str]:
         """The version's schemas: its manifest's when it records them (snapshots, a chain's first
@@ -144,4 +172,4 @@ class StoreFollower:
             self.reader.close()
 
 
-__all__ = ["OpenVersion", "StoreFollower"]
+__all__ = ["Follower", "OpenVersion", "StoreFollower"]
