@@ -17,8 +17,11 @@ query alone; and, as the anchor, the same question asked through Spark's own sta
 (`spark.read.format("statestore")` with a key filter) on the stopped checkpoint, in the same run.
 
     .venv/bin/python scripts/bench_queryable.py [--minutes 3] [--repeat 2] [--keys 1000000]
-        [--rate 3000] [--connections 2] [--kinds alone,following,asked] [--pyspark 4.3]
+        [--rate 3000] [--connections 2] [--kinds alone,following,asked] [--nice 0] [--pyspark 4.3]
         [--out bench/queryable-....txt]
+
+--nice -10 runs the service and the client ahead of the query (what a host does by giving the
+service a core or a larger CPU weight); it needs root.
 
 Goals (issue 68): p50 at most 1 ms and p99 at most 5 ms at the client, at least 3,000 lookups/s,
 lag at most 1 batch at p99, the query's batch time with the service at most 1.05x without it.
@@ -159,6 +162,7 @@ class ServiceWatcher:
         self.checkpoint, self.work, self.tag, self.asking = checkpoint, work, tag, asking
         self.keys, self.seconds = args.keys, args.minutes * 60
         self.rate, self.connections = args.rate, args.connections
+        self.niced = ["nice", "-n", str(args.nice)] if args.nice else []
         self.procs: list[subprocess.Popen] = []
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -179,7 +183,8 @@ class ServiceWatcher:
         serve_log = open(self.work / f"serve-{self.tag}.log", "w")  # noqa: SIM115 - closed with the process
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "pystatestore.tools.cli", "serve", str(self.checkpoint), "--port", str(port)],
+                [*self.niced, sys.executable, "-m", "pystatestore.tools.cli", "serve", str(self.checkpoint)]
+                + ["--port", str(port)],
                 stdout=serve_log,
                 stderr=subprocess.STDOUT,
             )
@@ -207,7 +212,7 @@ class ServiceWatcher:
             connections=self.connections,
             out=self.answers_file,
         )
-        self.procs.append(subprocess.Popen([sys.executable, *argv]))
+        self.procs.append(subprocess.Popen([*self.niced, sys.executable, *argv]))
 
     def stop(self) -> None:
         self.halt.set()
@@ -302,6 +307,12 @@ def main() -> int:
     ap.add_argument("--touched-pct", type=float, default=1.0)
     ap.add_argument("--rate", type=float, default=3000.0, help="lookups/s offered in all (0: as fast as answered)")
     ap.add_argument("--connections", type=int, default=2, help="the client's keep-alive connections, a thread each")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the service and the client at this niceness (negative: ahead of the query; needs root)",
+    )
     ap.add_argument("--kinds", default="alone,following,asked", help="the kinds of run, taken in turn")
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path)
@@ -374,7 +385,8 @@ def main() -> int:
         f"{args.repeat} run(s) of each kind ({', '.join(f'{k}: {KINDS[k]}' for k in kinds)}), taken in turn",
         "# the service: `pystatestore serve CHECKPOINT` (another process) following the commit log; the client: "
         "another process asking GET /v1/state for random keys (a tenth never written) over "
-        f"{args.connections} keep-alive connection(s), {offered}, latency counted from when each lookup was due",
+        f"{args.connections} keep-alive connection(s), {offered}, latency counted from when each lookup was due"
+        + (f"; the service and the client at niceness {args.nice} (the query at 0)" if args.nice else ""),
         "",
     ]
     if answers:
