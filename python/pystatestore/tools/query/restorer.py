@@ -10,7 +10,6 @@ the checkpoint); it exits when its pipe closes, so it never outlives the process
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,8 +23,7 @@ from typing import Any
 from ...store import errors
 from ...store.errors import StateStoreError
 from ..checkpoint import StoreLocation
-from ..store_reader import open_read_only
-from .versions import OpenVersion, StoreFollower
+from .versions import OpenVersion, StoreFollower, open_restored
 
 RESTORE_NICENESS = 10
 StoreKey = tuple[str, str]  # (store uri, the follower's own name: a client may follow a store twice)
@@ -152,13 +150,7 @@ class ProcessFollower:
                 return opened
             path, schemas = restored
             self.version = version
-        options = self._options_factory() if self._options_factory is not None else None
-        try:
-            db = open_read_only(path, options)
-        except Exception:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        return OpenVersion(self.location, version, db, path, schemas)
+        return open_restored(self.location, version, path, schemas, self._options_factory)
 
     def close(self) -> None:
         with self._lock:

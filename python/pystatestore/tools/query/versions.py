@@ -96,6 +96,19 @@ class OpenVersion:
         return self._families
 
 
+def open_restored(
+    location: StoreLocation, version: int, path: Path, schemas: tuple[str, str, str], options_factory: Any
+) -> OpenVersion:
+    """A version's restored checkpoint directory opened read-only; removed if it cannot be."""
+    options = options_factory() if options_factory is not None else None
+    try:
+        db = open_read_only(path, options)
+    except Exception:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return OpenVersion(location, version, db, path, schemas)
+
+
 class Follower(Protocol):
     """A store read as the query commits: versions opened in order."""
 
@@ -130,13 +143,7 @@ class StoreFollower:
                 self.version = version
                 return OpenVersion(self.location, version, db, None, self._schemas_of(version, checkpoint_id))
             path, schemas = self.restore(version, checkpoint_id)
-        options = self._options_factory() if self._options_factory is not None else None
-        try:
-            db = open_read_only(path, options)
-        except Exception:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        return OpenVersion(self.location, version, db, path, schemas)
+        return open_restored(self.location, version, path, schemas, self._options_factory)
 
     def restore(self, version: int, checkpoint_id: str | None = None) -> tuple[Path, tuple[str, str, str]]:
         """`version` restored (RocksDB backends) and left as a checkpoint directory of the local DB,
@@ -172,4 +179,4 @@ class StoreFollower:
             self.reader.close()
 
 
-__all__ = ["Follower", "OpenVersion", "StoreFollower"]
+__all__ = ["Follower", "OpenVersion", "StoreFollower", "open_restored"]
