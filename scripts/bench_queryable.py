@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,13 @@ class ServiceWatcher:
                 time.sleep(0.2)
         if not self.asking:
             return
+        # Lookups start once the service is ready (every store open), as a load balancer's
+        # readiness check would send them: the first restores are the service's start, not its answers.
+        while not self.halt.is_set() and not self._ready(port):
+            if time.time() > deadline + 120:
+                self.error = "the service did not open every store in 3 minutes; see its log"
+                return
+            time.sleep(0.2)
         left = self.seconds - (time.time() - self.started) - 5  # ends before the query does
         argv = script_argv(
             __file__,
@@ -213,6 +221,14 @@ class ServiceWatcher:
             out=self.answers_file,
         )
         self.procs.append(subprocess.Popen([*self.niced, sys.executable, *argv]))
+
+    @staticmethod
+    def _ready(port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                return bool(json.loads(r.read()).get("ready"))
+        except OSError:
+            return False
 
     def stop(self) -> None:
         self.halt.set()
@@ -369,7 +385,7 @@ def main() -> int:
     answers = [a for r in asked_runs for a in r["answers"]]
     ok = [a for a in answers if a[4] == 200]
     latencies_ms = [a[1] * 1000 for a in ok]
-    # the client asks from the service's start (after the query's first batch) until just before the query ends
+    # the client asks from the service's readiness (every store open) until just before the query ends
     seconds = sum(r["answers"][-1][0] - r["answers"][0][0] for r in asked_runs if r["answers"])
     all_lags = [lag for r in asked_runs for lag in lags(r["answers"], r["batches"])]
     failed = len(answers) - len(ok)

@@ -291,6 +291,8 @@ def test_the_http_interface(stopped_query: tuple[Path, list]) -> None:
     with StateClient(str(ckpt), follow=False, restore_in="process") as client:
         served = Served(client)
         try:
+            status, health = served.request("GET", "/healthz")
+            assert status == 200 and not health["ready"] and health["storesOpen"] == 0, health  # nothing asked yet
             status, body = served.request("GET", f"/v1/state?key={key_param({'key': 'k7'})}")
             assert status == 200 and body["batch"] == 5 and body["found"] and body["value"] == want["k7"], body
             status, body = served.request("GET", f"/v1/state?key={key_param({'key': 'k99'})}&batch=4")
@@ -304,7 +306,8 @@ def test_the_http_interface(stopped_query: tuple[Path, list]) -> None:
             assert all(want[r["key"]["key"]] == r["value"] for r in body["rows"])
             status, body = served.request("GET", "/v1/operators")
             assert status == 200 and body["operators"][0]["stores"][0]["keyColumns"] == ["key"]
-            assert served.request("GET", "/healthz")[0] == 200
+            status, health = served.request("GET", "/healthz")
+            assert status == 200 and health["ready"] and health["storesOpen"] == health["storesTotal"] == 4, health
             status, text = served.request("GET", "/metrics")
             assert status == 200 and b"pystatestore_serve_latency_seconds_bucket" in text
             assert b'pystatestore_serve_requests_total{endpoint="state",status="200"} 2.0' in text

@@ -200,15 +200,20 @@ class StateClient:
 
     def status(self) -> dict[str, Any]:
         """The batch served, the newest in the commit log at the last check, the stores open and
-        those that failed (with why)."""
+        those that failed (with why); `ready` once every store of the checkpoint is open at the batch
+        served, so no question waits for a first restore."""
         served = self._served
+        opened = len(served.opened())
+        total = sum(1 for s in self._layout.ckpt.stores if s.foreign is None)
         return {
             "checkpoint": self.uri,
             "batch": served.batch,
             "newestCommitted": self.newest_committed,
             "lagBatches": max(0, self.newest_committed - served.batch),
             "lastPoll": self.last_poll,
-            "storesOpen": len(served.opened()),
+            "ready": opened == total,
+            "storesOpen": opened,
+            "storesTotal": total,
             "storesFailed": {f"{op}/{p}/{name}": str(e) for (op, p, name), e in served.failures().items()},
         }
 
