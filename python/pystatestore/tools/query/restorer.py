@@ -37,7 +37,6 @@ class RestoreProcess:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._process: Any = None
-        self.generation = 0  # a new child starts every follower afresh
 
     def restore(
         self, key: StoreKey, location: StoreLocation, version: int, checkpoint_id: str | None
@@ -79,7 +78,7 @@ class RestoreProcess:
                     "if it keeps ending, look for the OS killing it (out of memory) in the system log.",
                 ) from None
         if reply[0] == "error":
-            raise _rebuilt(reply[1])
+            raise _rebuilt(reply[1], location.uri)
         return reply
 
     def _start(self) -> None:
@@ -97,7 +96,6 @@ class RestoreProcess:
         )
         theirs.close()
         self._conn = Connection(mine.detach())
-        self.generation += 1
 
     def _lost(self) -> int | None:
         conn, process, self._conn, self._process = self._conn, self._process, None, None
@@ -189,7 +187,8 @@ def serve_restores(conn: Any, scratch: str) -> None:
                 follower = followers.get(key)
                 if follower is None:
                     follower = followers[key] = StoreFollower(location, scratch)
-                if follower.reader.reads_frames:
+                if follower.reader.reads_frames:  # read in the asker's process: nothing kept here
+                    followers.pop(key).close()
                     conn.send(("frames",))
                     continue
                 path, schemas = follower.restore(version, checkpoint_id)
@@ -216,7 +215,7 @@ def _described(e: Exception) -> dict[str, Any]:
     return {"type": "crash", "text": "".join(traceback.format_exception(e))}
 
 
-def _rebuilt(described: dict[str, Any]) -> Exception:
+def _rebuilt(described: dict[str, Any], store: str) -> Exception:
     """The child's error, raised here as the same class with the same fields."""
     kind = described["type"]
     if kind == "OSError":
@@ -224,7 +223,7 @@ def _rebuilt(described: dict[str, Any]) -> Exception:
     if kind == "crash":
         return StateStoreError(
             f"restoring the store failed unexpectedly: {described['text']}",
-            store="(the restore process)",
+            store=store,
             advice="Report this with the trace above.",
         )
     cls = getattr(errors, kind, None)
