@@ -295,7 +295,7 @@ def test_a_link_planted_where_the_next_worker_log_goes_is_never_followed(tmp_pat
     with plain_jvm(tmp_path) as jvm:
         workers = jvm.org.pystatestore.StateWorker
         spec = jvm.org.pystatestore.WorkerLaunchSpec(
-            sys.executable, jvm.scala.Option.apply(python_path_for_worker()), 60000, 60000, 30000, 1
+            sys.executable, jvm.scala.Option.apply(python_path_for_worker()), 60000, 60000, 30000, 1, "this test"
         )
         first = workers.acquire(spec, 0)
         pid, log = jvm.java.lang.ProcessHandle.current().pid(), Path(first.logFile().getPath())

@@ -20,7 +20,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 
-import org.pystatestore.{PythonStateStoreProvider, RawKeys, StateWorker, WriteBuffer}
+import org.pystatestore.{PythonStateStoreProvider, RawKeys, Release, StateWorker, WriteBuffer}
 
 /**
  * The provider contract, driven directly in a JVM (DESIGN §7), after Spark's StateStoreSuiteBase
@@ -1069,8 +1069,9 @@ object ContractSuite {
     s.put(key("a"), value(1))
     val e = expectThrows[Throwable]("commit through a worker of another release")(s.commit())
     val text = messages(e)
-    check(text.contains("speaks protocol 1") && text.contains(s"protocol ${StateWorker.ProtocolVersion}") &&
-      text.contains("pystatestore 0.1.0") && text.contains("pythonExec"), s"unclear refusal: $text")
+    check(text.contains("runs pystatestore 0.1.0 (protocol 1)") &&
+      text.contains(s"this jar is pystatestore ${Release.Version} (protocol ${StateWorker.ProtocolVersion})") &&
+      text.contains("pythonExec"), s"unclear refusal: $text")
     s.abort(); p.close()
     val good = provider(newDir())
     check(commitVersion(good, 0, Map("a" -> 1)) == 1, "a matching worker starts afterwards")

@@ -4,6 +4,7 @@ import java.io.{File, FileInputStream, FileOutputStream}
 import java.nio.channels.Channels
 
 import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
 
 import org.apache.arrow.memory.{BufferAllocator, RootAllocator}
 import org.apache.arrow.vector.{TinyIntVector, VarBinaryVector, VectorSchemaRoot}
@@ -32,9 +33,23 @@ object ArrowFrames {
    * Writes a change frame to `file`: `emit` is handed a writer of puts and deletes taking byte
    * slices (so rows are copied straight from the write buffer's pages). Returns the bytes written.
    */
-  def writeChanges(file: File)(emit: ChangeWriter => Unit): Long = {
+  def writeChanges(file: File)(emit: ChangeWriter => Unit): Long = try writeChangesTo(file, emit) catch {
+    case e: java.io.IOException => throw localWriteFailed(file, e)
+  }
+
+  /** A change frame that could not be written on this host's disk, said so with what to do. */
+  private def localWriteFailed(file: File, e: java.io.IOException): java.io.IOException = {
+    val reason = Option(e.getMessage).getOrElse(e.toString)
+    val todo = if (reason.contains("No space left") || reason.contains("quota")) {
+      "this host's local work directory is full: free space there, or set spark.local.dir to a directory on a " +
+        "larger disk"
+    } else "set spark.local.dir to a directory this user can write, on a local disk"
+    new java.io.IOException(s"pystatestore could not write the change frame $file ($reason): $todo.", e)
+  }
+
+  private def writeChangesTo(file: File, emit: ChangeWriter => Unit): Long = {
     val root = VectorSchemaRoot.create(changeSchema, allocator)
-    val out = new FileOutputStream(file)
+    val out = try new FileOutputStream(file) catch { case NonFatal(e) => root.close(); throw e }
     try {
       val writer = new ArrowStreamWriter(root, null, Channels.newChannel(out))
       writer.start()

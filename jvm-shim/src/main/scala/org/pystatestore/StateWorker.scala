@@ -35,7 +35,8 @@ case class WorkerLaunchSpec(
     startTimeoutMs: Long,
     callTimeoutMs: Long = WorkerLaunchSpec.DefaultCallTimeoutMs,
     probeIntervalMs: Long = WorkerLaunchSpec.DefaultProbeIntervalMs,
-    workers: Int = 1)
+    workers: Int = 1,
+    pythonExecFrom: String = "the default python3")
 
 object WorkerLaunchSpec {
   val ConfPrefix = "spark.sql.streaming.stateStore.pystatestore."
@@ -47,17 +48,18 @@ object WorkerLaunchSpec {
   /** Interpreter: provider conf, else spark.pyspark.python, else PYSPARK_PYTHON, else python3. */
   def resolve(providerConfs: Map[String, String]): WorkerLaunchSpec = {
     val sparkConf = Option(SparkEnv.get).map(_.conf)
-    val exec = providerConfs.get(ConfPrefix + "pythonExec")
-      .orElse(sparkConf.flatMap(_.getOption("spark.pyspark.python")))
-      .orElse(sys.env.get("PYSPARK_PYTHON"))
-      .getOrElse("python3")
+    val (exec, from) = providerConfs.get(ConfPrefix + "pythonExec").map(_ -> (ConfPrefix + "pythonExec"))
+      .orElse(sparkConf.flatMap(_.getOption("spark.pyspark.python")).map(_ -> "spark.pyspark.python"))
+      .orElse(sys.env.get("PYSPARK_PYTHON").map(_ -> "the environment variable PYSPARK_PYTHON"))
+      .getOrElse("python3" -> "the default python3 (no conf set it)")
     WorkerLaunchSpec(
       exec,
       providerConfs.get(ConfPrefix + "pythonPath").filter(_.nonEmpty),
       positiveMs(providerConfs, "workerStartTimeoutMs", 60000L),
       positiveMs(providerConfs, "callTimeoutMs", DefaultCallTimeoutMs),
       positiveMs(providerConfs, "workerProbeIntervalMs", DefaultProbeIntervalMs),
-      workerCount(providerConfs))
+      workerCount(providerConfs),
+      from)
   }
 
   /**
@@ -119,6 +121,12 @@ final class RunningWorker private[pystatestore] (
 
   @volatile private var markedDead = false
   @volatile private[pystatestore] var diedAbnormally = false
+  /** The worker's resident memory at its last reply that reported it (0: none yet), for its obituary. */
+  @volatile private[pystatestore] var lastRssBytes = 0L
+  @volatile private[pystatestore] var peakRssBytes = 0L
+  /** Where the kernel counts its OOM kills, and the count when it started: a rise means one of ours. */
+  private[pystatestore] val memoryCgroup = WorkerDiagnosis.memoryCgroup(process.pid())
+  private[pystatestore] val oomKillsAtStart = memoryCgroup.flatMap(_.oomKills)
 
   def pid: Long = process.pid()
 
@@ -134,6 +142,12 @@ final class RunningWorker private[pystatestore] (
   /** Scratch space for this worker's backends (RocksDB instances): nobody else's, so a dead
    * worker's can be deleted whole. */
   def localStateDir: File = StateWorker.localStateDir(slot)
+
+  /** Notes the worker's resident memory now (from /proc), for its obituary should it be killed. */
+  def sampleMemory(): Unit = WorkerDiagnosis.residentMemory(pid).foreach { case (rss, peak) =>
+    lastRssBytes = rss
+    peakRssBytes = math.max(peakRssBytes, peak)
+  }
 
   def markDead(): Unit = {
     markedDead = true
@@ -173,6 +187,17 @@ object StateWorker extends Logging {
   private var starting: Array[CompletableFuture[RunningWorker]] = _
   private var generations = 0
   private var anyDiedAbnormally = false
+  /**
+   * A worker that could not start, by interpreter and path, while none with them ever has in this
+   * JVM: its error and when it may be tried again. Every store of this JVM gets that error until
+   * then instead of starting (and waiting for) a worker of its own that fails the same way: one
+   * start per JVM, not one per partition. The wait is short, so a fix made meanwhile (a package
+   * installed) is picked up without a restart.
+   */
+  private val failedStarts = scala.collection.mutable.Map[(String, Option[String]), (String, Long)]()
+  val RetryFailedStartAfterMs = 30000L
+  /** Interpreters (and paths) a worker has started with in this JVM. */
+  private val startedWith = scala.collection.mutable.Set[(String, Option[String])]()
   private implicit val formats: Formats = DefaultFormats
 
   /** Threads that make worker calls, so a caller can stop waiting for one that hangs. */
@@ -214,44 +239,73 @@ object StateWorker extends Logging {
    * start holds only its slot: the other slots' stores go on, and start their own workers side by
    * side. A caller that finds a start in flight (another task's, or a prestart) waits for it and
    * gets its outcome, its failure included: a worker that cannot start is never waited for twice.
+   * Until a worker with this interpreter has started once in this JVM, slots start one at a time
+   * (the others wait for the first start's outcome): a setup that cannot work fails once per JVM.
    */
   def acquire(spec: WorkerLaunchSpec, partitionId: Int): RunningWorker = {
-    val (slot, outcome, mine) = synchronized {
-      val workers = poolFor(spec)
-      val slot = Math.floorMod(partitionId, workers.length)
-      val current = workers(slot)
-      if (current != null && current.isUsable) (slot, CompletableFuture.completedFuture(current), false)
-      else if (starting(slot) != null) (slot, starting(slot), false)
-      else {
-        if (current != null) {
-          if (!current.process.isAlive) current.diedAbnormally = true
-          anyDiedAbnormally ||= current.diedAbnormally
-          logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
-          current.shutdown()
-          // Its local databases are nobody's now (views are the JVM's and live elsewhere): only its
-          // log is worth keeping.
-          deleteRecursively(current.localStateDir)
-          deleteRecursively(current.exchangeDir)
-          workers(slot) = null
-        }
-        starting(slot) = new CompletableFuture[RunningWorker]()
-        (slot, starting(slot), true)
-      }
+    while (true) {
+      val (slot, outcome, mine, thenAgain) = acquireStep(spec, partitionId)
+      if (mine) startInto(spec, slot, outcome)
+      val worker = try outcome.get() catch { case e: ExecutionException => throw e.getCause }
+      if (!thenAgain) return worker
     }
-    if (mine) {
-      try {
-        val worker = start(spec, slot)
-        synchronized { pool(slot) = worker; starting(slot) = null }
-        outcome.complete(worker)
-      } catch {
-        case e: Throwable =>
-          synchronized { starting(slot) = null }
-          outcome.completeExceptionally(e)
-          throw e
-      }
-    }
-    try outcome.get() catch { case e: ExecutionException => throw e.getCause }
+    throw new IllegalStateException("unreachable")
   }
+
+  /**
+   * What acquire does next, decided under the lock: (slot, the outcome to wait for, whether this
+   * caller starts the worker, whether to decide again once it is known).
+   */
+  private def acquireStep(spec: WorkerLaunchSpec, partitionId: Int)
+      : (Int, CompletableFuture[RunningWorker], Boolean, Boolean) = synchronized {
+    val workers = poolFor(spec)
+    val slot = Math.floorMod(partitionId, workers.length)
+    val current = workers(slot)
+    val firstStartElsewhere = if (startedWith.contains(startKey(spec))) None else starting.find(_ != null)
+    if (current != null && current.isUsable) (slot, CompletableFuture.completedFuture(current), false, false)
+    else if (starting(slot) != null) (slot, starting(slot), false, false)
+    else if (failedStarts.get(startKey(spec)).exists(_._2 > System.currentTimeMillis())) {
+      val (message, retryAt) = failedStarts(startKey(spec))
+      val remembered = new StateWorkerDiedException(message + s" [This JVM tries a new worker with " +
+        s"this Python from ${java.time.Instant.ofEpochMilli(retryAt)}.]", null)
+      (slot, CompletableFuture.failedFuture[RunningWorker](remembered), false, false)
+    } else if (firstStartElsewhere.isDefined) (slot, firstStartElsewhere.get, false, true)
+    else {
+      if (current != null) {
+        if (!current.process.isAlive) current.diedAbnormally = true
+        anyDiedAbnormally ||= current.diedAbnormally
+        logWarning(s"${current.describe} is gone; starting a new one (its log: ${current.logFile})")
+        current.shutdown()
+        // Its local databases are nobody's now (views are the JVM's and live elsewhere): only its
+        // log is worth keeping.
+        deleteRecursively(current.localStateDir)
+        deleteRecursively(current.exchangeDir)
+        workers(slot) = null
+      }
+      starting(slot) = new CompletableFuture[RunningWorker]()
+      (slot, starting(slot), true, false)
+    }
+  }
+
+  private def startInto(spec: WorkerLaunchSpec, slot: Int, outcome: CompletableFuture[RunningWorker]): Unit =
+    try {
+      val worker = start(spec, slot)
+      synchronized { pool(slot) = worker; starting(slot) = null; startedWith += startKey(spec) }
+      outcome.complete(worker)
+    } catch {
+      case e: Throwable =>
+        synchronized {
+          starting(slot) = null
+          // Only a setup that never worked is taken to fail again: once a worker has started with this
+          // interpreter, a failed start (a log name taken, a worker killed mid-start) is its own.
+          if (!startedWith.contains(startKey(spec))) failedStarts(startKey(spec)) =
+            (Option(e.getMessage).getOrElse(e.toString), System.currentTimeMillis() + RetryFailedStartAfterMs)
+          anyDiedAbnormally = true // its log, which the error names, stays after this JVM exits
+        }
+        outcome.completeExceptionally(e)
+    }
+
+  private def startKey(spec: WorkerLaunchSpec) = (spec.pythonExec, spec.pythonPath)
 
   /** Daemon threads that start workers ahead of a store's first call (`prestart`). */
   private val prestartThreads = Executors.newCachedThreadPool(new ThreadFactory {
@@ -292,6 +346,23 @@ object StateWorker extends Logging {
     })
   }
 
+  /**
+   * Notes every live worker's resident memory each second (from /proc, a few microseconds each), so
+   * a worker the kernel kills for memory is reported with what it used just before.
+   */
+  private lazy val memorySampler = {
+    val sampler = Executors.newSingleThreadScheduledExecutor(new ThreadFactory {
+      override def newThread(r: Runnable): Thread = {
+        val t = new Thread(r, "pystatestore-memory-sampler")
+        t.setDaemon(true)
+        t
+      }
+    })
+    sampler.scheduleWithFixedDelay(() => currentWorkers.filter(_.isUsable).foreach(_.sampleMemory()),
+      0, 1, TimeUnit.SECONDS)
+    sampler
+  }
+
   /** For tests and the fault suite: the workers started and not replaced yet. */
   def currentWorkers: Seq[RunningWorker] = synchronized { Option(pool).toSeq.flatten.filter(_ != null) }
 
@@ -300,10 +371,10 @@ object StateWorker extends Logging {
     Option(pool).flatMap(p => Option(p(Math.floorMod(partitionId, p.length))))
   }
 
-  private def died(worker: RunningWorker, state: String, what: String, cause: Throwable) =
+  private def died(worker: RunningWorker, state: (String, String), what: String, cause: Throwable) =
     new StateWorkerDiedException(
-      s"${worker.describe} $state during $what. Its log is at ${worker.logFile}. " +
-        "The task fails; Spark retries it and the next task starts a fresh worker that " +
+      s"${worker.describe} ${state._1} during $what.${if (state._2.isEmpty) "" else " " + state._2} Its log is " +
+        s"at ${worker.logFile}. The task fails; Spark retries it and the next task starts a fresh worker that " +
         "reloads the state from the checkpoint.", cause)
 
   /** Does the worker still answer? A `hello` on its own connection, bounded by `timeoutMs`. */
@@ -342,8 +413,8 @@ object StateWorker extends Logging {
           if (!worker.process.isAlive || !answers(worker, spec.probeIntervalMs)) {
             val state = if (worker.process.isAlive) {
               worker.kill()
-              s"stopped answering (no reply to a health check within ${spec.probeIntervalMs} ms; killed)"
-            } else s"died (exit code ${worker.process.exitValue()})"
+              (s"stopped answering (no reply to a health check within ${spec.probeIntervalMs} ms; killed)", "")
+            } else WorkerDiagnosis.exit(worker)
             worker.markDead()
             throw died(worker, state, what, null)
           }
@@ -352,11 +423,11 @@ object StateWorker extends Logging {
           worker.process.waitFor(1, TimeUnit.SECONDS)
           if (!worker.process.isAlive) {
             worker.markDead()
-            throw died(worker, s"died (exit code ${worker.process.exitValue()})", what, cause)
+            throw died(worker, WorkerDiagnosis.exit(worker), what, cause)
           }
           if (!answers(worker, spec.probeIntervalMs)) {
             worker.kill()
-            throw died(worker, "stopped answering (killed)", what, cause)
+            throw died(worker, ("stopped answering (killed)", ""), what, cause)
           }
           throw new StateWorkerException("TransportError",
             s"$what failed in transport (${cause.getMessage}); ${worker.describe} still answers and keeps " +
@@ -364,6 +435,10 @@ object StateWorker extends Logging {
       }
     }
     val json = JsonMethods.parse(reply)
+    json \ "workerRssBytes" match {
+      case JInt(rss) => worker.lastRssBytes = rss.toLong
+      case _ =>
+    }
     json \ "error" match {
       case JNothing | JNull => json
       case err =>
@@ -417,6 +492,8 @@ object StateWorker extends Logging {
   private def start(spec: WorkerLaunchSpec, slot: Int): RunningWorker = {
     val generation = synchronized { generations += 1; generations }
     val worker = WorkerProcess.start(spec, slot, generation, theRoot())
+    worker.sampleMemory()
+    memorySampler
     checkProtocol(worker, spec)
     logInfo(s"Started ${worker.describe}; log at ${worker.logFile}")
     worker
@@ -431,16 +508,12 @@ object StateWorker extends Logging {
         throw e
     }
     val protocol = (hello \ "protocol").extractOrElse[Int](-1)
-    if (protocol != ProtocolVersion) {
+    val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
+    // Another release is refused even when it speaks this protocol: checkpoint formats and
+    // defaults move between releases, and the pair is tested only as one release.
+    if (protocol != ProtocolVersion || theirs != Release.Version) {
       worker.shutdown()
-      val theirs = (hello \ "version").extractOrElse[String]("an unknown version")
-      throw new StateWorkerDiedException(
-        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') runs pystatestore " +
-          s"$theirs, which speaks protocol $protocol; this jar (pystatestore ${Release.Version}) speaks " +
-          s"protocol $ProtocolVersion. Install pystatestore ${Release.Version} for that Python, or point " +
-          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath at a Python " +
-          "that has it (pystatestore.configure_spark sets both to the Python that configured the session).",
-        null)
+      throw new StateWorkerDiedException(WorkerDiagnosis.otherRelease(spec, theirs, protocol, ProtocolVersion), null)
     }
   }
 }

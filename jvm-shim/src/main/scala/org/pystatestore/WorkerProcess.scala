@@ -97,10 +97,7 @@ private[pystatestore] object WorkerProcess {
     val process = try pb.start() catch {
       case NonFatal(e) =>
         server.shutdown()
-        throw new StateWorkerDiedException(
-          s"Could not start the pystatestore state worker with '${spec.pythonExec}': ${e.getMessage}. " +
-            s"Set ${WorkerLaunchSpec.ConfPrefix}pythonExec (or spark.pyspark.python) to a Python " +
-            "that has the pystatestore package installed.", e)
+        throw new StateWorkerDiedException(WorkerDiagnosis.cannotRun(spec, e), e)
     }
 
     // Port and token go over the worker's stdin, which stays open as its lifeline: never on its
@@ -121,12 +118,7 @@ private[pystatestore] object WorkerProcess {
       server.shutdown()
       val why = if (process.isAlive) s"did not register within ${spec.startTimeoutMs} ms"
         else s"exited with code ${process.waitFor()} before registering"
-      throw new StateWorkerDiedException(
-        s"The pystatestore state worker ('${spec.pythonExec} -m pystatestore.worker') $why. " +
-          s"Last lines of its log ($logFile):\n${tail(logFile)}\n" +
-          s"Check that this Python can import pystatestore, pyarrow and py4j, or set " +
-          s"${WorkerLaunchSpec.ConfPrefix}pythonExec / ${WorkerLaunchSpec.ConfPrefix}pythonPath.",
-        null)
+      throw new StateWorkerDiedException(WorkerDiagnosis.didNotRegister(spec, why, logFile, tail(logFile)), null)
     }
     new RunningWorker(generation, slot, process, logFile, exchangeDir, server, service.get)
   }

@@ -4,6 +4,9 @@ import java.util.UUID
 
 import org.apache.hadoop.conf.Configuration
 
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.{SparkException, SparkThrowable}
 import org.apache.spark.sql.errors.QueryExecutionErrors
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStoreErrors, StateStoreId, StateStoreInstanceMetric, StateStoreProvider, StateStoreProviderId, StateStoreSnapshotLastUploadInstanceMetric, SupportsFineGrainedReplay}
@@ -20,13 +23,46 @@ object SparkInternals {
     new java.io.Serializable with (() => Configuration) { def apply(): Configuration = wrapped.value }
   }
 
-  def cannotLoadStore(e: Throwable): Throwable = StateStoreErrors.cannotLoadStore(e)
+  /**
+   * Spark's error for a store that could not load, its message ending with the cause's: PySpark
+   * shows a query's error without the Java cause chain, so the reason and the fix must be in the
+   * text Spark's error carries. Spark's own CANNOT_LOAD_STATE_STORE errors pass unchanged.
+   */
+  def cannotLoadStore(e: Throwable): Throwable = e match {
+    case s: SparkThrowable if Option(s.getCondition).exists(_.startsWith("CANNOT_LOAD_STATE_STORE")) => e
+    case _ => withCauseText(StateStoreErrors.cannotLoadStore(e), e)
+  }
 
   def unexpectedStateStoreVersion(version: Long): Throwable =
     QueryExecutionErrors.unexpectedStateStoreVersion(version)
 
+  /** Spark's error for a commit that failed, its message ending with the cause's (as cannotLoadStore). */
   def failedToCommitStateFileError(store: String, e: Throwable): Throwable =
-    QueryExecutionErrors.failedToCommitStateFileError(store, e)
+    withCauseText(QueryExecutionErrors.failedToCommitStateFileError(store, e), e)
+
+  /**
+   * The same error class, parameters and cause as Spark's `error`, with `cause`'s text after
+   * Spark's own sentence (before its SQLSTATE): what a user reads first says what went wrong.
+   */
+  private def withCauseText(error: Throwable, cause: Throwable): Throwable = error match {
+    case spark: SparkException if spark.getCondition != null =>
+      val text = causeText(cause)
+      val message = spark.getMessage
+      val at = message.lastIndexOf(" SQLSTATE: ")
+      val withText = if (at >= 0) s"${message.substring(0, at)} $text${message.substring(at)}"
+        else s"$message $text"
+      new SparkException(withText, cause, Some(spark.getCondition), spark.getMessageParameters.asScala.toMap,
+        spark.getQueryContext)
+    case other => other
+  }
+
+  /** pystatestore's errors say what to do in their message; anything else is named by its class. */
+  private def causeText(cause: Throwable): String = {
+    val ours = Iterator.iterate(cause)(_.getCause).takeWhile(_ != null).take(8)
+      .find(t => t.getClass.getName.startsWith("org.pystatestore.") ||
+        Option(t.getMessage).exists(_.startsWith("pystatestore")))
+    ours.map(t => Option(t.getMessage).getOrElse(t.toString)).getOrElse(cause.toString)
+  }
 
   def multipleColumnFamiliesNotSupported(provider: String): Throwable =
     StateStoreErrors.multipleColumnFamiliesNotSupported(provider)
