@@ -73,6 +73,30 @@ class BaseVersionReplacedError(StateStoreError):
     )
 
 
+# What the system (and RocksDB, which words them the same) says of a full disk or a place this user
+# cannot write: such a failure is the host's, never a sign of a damaged checkpoint.
+DISK_FAILURE_TEXTS = (
+    ("full", "No space left on device"),
+    ("full", "Disk quota exceeded"),
+    ("not writable", "Permission denied"),
+    ("not writable", "Operation not permitted"),
+    ("not writable", "Read-only file system"),
+)
+
+
+def is_disk_failure(text: str) -> bool:
+    return any(words in text for _, words in DISK_FAILURE_TEXTS)
+
+
+class LocalDiskError(StateStoreError):
+    """This host's disk (full, or not writable) failed the store's local working files."""
+
+    advice = (
+        "The checkpoint is not affected. Free space on that disk, or set spark.local.dir to a local "
+        "directory this user can write, on a disk with room for the state."
+    )
+
+
 class StoreConfigError(StateStoreError):
     """An option the user set cannot be honoured."""
 

@@ -10,30 +10,49 @@ from collections.abc import Callable
 from typing import Any
 
 from ..store.backends import LoadResult
-from ..store.backends.context import elapsed_ms
+from ..store.backends.context import StoreContext, elapsed_ms
 from ..store.errors import StateStoreError
+from .disk_errors import disk_failure, explain
 from .memory_use import worker_rss_bytes
 
 log = logging.getLogger("pystatestore.service")
 
 
-def reply(fn: Callable[[], dict[str, Any]]) -> str:
-    """`fn`'s result as JSON, or the failure it raised as {"error": {"type", "message"}}."""
+def reply(
+    fn: Callable[[], dict[str, Any]],
+    *,
+    store: Callable[[], StoreContext | None] | None = None,
+    doing: str = "",
+) -> str:
+    """`fn`'s result as JSON, or the failure it raised as {"error": {"type", "message"}}. A full
+    disk or an unwritable place is said so, with what to do, for the store `store` gives (if open)
+    and the call `doing` describes."""
     try:
         return json.dumps(fn())
     except StateStoreError as e:
         log.warning("%s", e)
-        return json.dumps({"error": {"type": type(e).__name__, "message": str(e)}})
+        return _error(e, str(e), store)
     except Exception as e:  # noqa: BLE001 - every failure must reach the JVM as a reply
         log.error("unexpected failure\n%s", traceback.format_exc())
-        return json.dumps(
-            {
-                "error": {
-                    "type": type(e).__name__,
-                    "message": f"pystatestore worker error: {type(e).__name__}: {e} (see the worker log)",
-                }
-            }
+        ctx = _context(store)
+        during = f"{doing or 'a call'} of store {ctx.store_dir if ctx else '(not open)'}"
+        return _error(
+            e, f"pystatestore worker error during {during}: {type(e).__name__}: {e} (see the worker log)", store
         )
+
+
+def _context(store: Callable[[], StoreContext | None] | None) -> StoreContext | None:
+    try:
+        return store() if store is not None else None
+    except Exception:  # noqa: BLE001 - naming the store must never hide the failure itself
+        return None
+
+
+def _error(e: BaseException, message: str, store: Callable[[], StoreContext | None] | None) -> str:
+    failure = disk_failure(e)
+    if failure is not None:
+        message = f"{message.rstrip('.')}. The cause: {explain(failure, _context(store))}."
+    return json.dumps({"error": {"type": type(e).__name__, "message": message}})
 
 
 def load_reply(result: LoadResult, started: float) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..release import __version__
 from ..store import frames
 from ..store.backends import BACKENDS
-from ..store.backends.context import elapsed_ms
+from ..store.backends.context import StoreContext, elapsed_ms
 from ..store.errors import StateStoreError, StoreConfigError
 from .after_reply import apply_after_reply
 from .memory_use import release_free_memory, worker_rss_bytes
@@ -75,7 +75,7 @@ class StoreService:
             backend = self._stores[handle].backend
             return {"handle": handle, "readPath": backend.read_path, "keyEncoding": ctx.key_encoding}
 
-        return reply(run)
+        return reply(run, store=lambda: context_from_description(json.loads(store_json)), doing="opening")
 
     def load(self, handle: str, version: int, checkpoint_id: str, out_path: str, view_dir: str) -> str:
         """Makes `version` (its attempt `checkpoint_id`, unless "") readable by the JVM: a state frame
@@ -90,7 +90,7 @@ class StoreService:
                 frames.write_buffer(out_path, result.frame)
             return load_reply(result, started)
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing=f"load of version {version}")
 
     def commit(
         self,
@@ -167,7 +167,7 @@ class StoreService:
             }
 
         try:
-            return reply(run)
+            return reply(run, store=lambda: self._context(handle), doing=f"commit of version {int(base_version) + 1}")
         finally:
             for store in left_work:
                 store.start_after_reply()
@@ -197,7 +197,7 @@ class StoreService:
             log_restore(handle, int(version), result)
             return {**load_reply(result, started), "viewLeftByApply": False, "viewWaitMs": waited}
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing=f"read view of version {version}")
 
     def maintenance(self, handle: str, parts: str = "snapshot,cleanup") -> str:
         """The maintenance `parts` (comma-separated) in order: `snapshot` makes a snapshot of the
@@ -227,7 +227,7 @@ class StoreService:
                         report.update(backend.maintenance(now))
             return report
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing="maintenance")
 
     def _snapshot(self, store: OpenStore, handle: str, *, force: bool) -> dict[str, Any]:
         """A snapshot of the newest changelog version if one is due (or `force`d). It is set up (hard
@@ -295,7 +295,7 @@ class StoreService:
                     rows += batch.num_rows
             return {"rows": rows}
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing="change feed")
 
     def replay(
         self, handle: str, snapshot_version: int, snapshot_id: str, end_version: int, end_id: str, view_dir: str
@@ -317,7 +317,7 @@ class StoreService:
             log_restore(handle, int(end_version), result)
             return load_reply(result, started)
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing=f"replay to version {end_version}")
 
     def closeStore(self, handle: str, wait_seconds: float = CLOSE_WAIT_SECONDS) -> str:  # noqa: N802
         """Closes a store now, or, if a call (a stuck one) still holds it, as soon as that returns:
@@ -337,7 +337,7 @@ class StoreService:
                 store.lock.release()
             return {"closed": True}
 
-        return reply(run)
+        return reply(run, store=lambda: self._context(handle), doing="close")
 
     def close_all(self, wait_seconds: float = 10.0) -> None:
         """Closes every store (the JVM is going away), giving calls in flight a little time."""
@@ -355,6 +355,12 @@ class StoreService:
                 )
 
     # -- helpers -----------------------------------------------------------------------------
+    def _context(self, handle: str) -> StoreContext | None:
+        """The store's description, if it is open here (for naming it in errors)."""
+        with self._lock:
+            store = self._stores.get(handle)
+        return store.backend.ctx if store is not None else None
+
     def _store(self, handle: str) -> OpenStore:
         with self._lock:
             store = self._stores.get(handle)

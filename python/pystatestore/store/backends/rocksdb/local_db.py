@@ -19,7 +19,7 @@ import pyarrow as pa
 import rocksdict
 
 from ... import changelog, frames
-from ...errors import CheckpointDamagedError, StoreConfigError
+from ...errors import CheckpointDamagedError, LocalDiskError, StoreConfigError, is_disk_failure
 from ...manifest import Manifest, manifest_path
 from .config import db_options
 
@@ -58,6 +58,10 @@ class LocalDB:
         try:
             db = rocksdict.Rdict(str(db_dir), self.options(create=manifest is None))
         except Exception as e:  # noqa: BLE001 - rocksdict raises a bare Exception for RocksDB errors
+            if is_disk_failure(str(e)):  # this host's disk, not the checkpoint's files
+                raise LocalDiskError(
+                    f"the local database {db_dir} could not be opened ({e})", store=self.store_dir, version=version
+                ) from e
             raise CheckpointDamagedError(
                 f"the restored files do not open as a RocksDB database ({e})",
                 store=self.store_dir,
