@@ -9,8 +9,9 @@
 #     code in one JVM; in the default commit mode only: the modes differ in the worker's Python, the
 #     same on every minor), the offline reader's comparison with Spark's state reader, three state
 #     rewrites (RocksDB to ours, ours to HDFS, a join from 4 to 7 partitions) and checkpoint format
-#     v2 (an aggregation, a join, a retried commit, a restart at an older attempt) on every other supported
-#     minor,
+#     v2 (an aggregation, a join, a retried commit, a restart at an older attempt), and the first error
+#     of a worker that cannot start (a commit's, a load's: Spark's error classes per minor) on every
+#     other supported minor,
 #     with that minor's pyspark (installed once per machine by setup) first on PYTHONPATH.
 # Tests marked slow (the chaos matrix's fixed seeds, the scale test's control, the Scala job on local[2], the
 # same-host restart in snapshot mode) are
@@ -57,6 +58,8 @@ OTHER_MINOR_TESTS=(
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[rocksdb_to_ours-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_to_hdfs-aggregation]"
   "tests/test_state_rewrite.py::test_every_route_continues_exactly[ours_4_to_7_partitions-stream_stream_join]"
+  "tests/test_first_error.py::test_a_python_without_pystatestore_is_named_once_per_jvm[local-cluster[2,1,1024]]"
+  tests/test_first_error.py::test_a_restart_whose_worker_cannot_start_fails_its_load_with_the_same_text
 )
 for minor in $(.venv/bin/python -c "from pystatestore.spark_minors import BUILT_AGAINST, DEFAULT_MINOR
 print(' '.join(m for m in BUILT_AGAINST if m != DEFAULT_MINOR))"); do
