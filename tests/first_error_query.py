@@ -1,6 +1,7 @@
 """A streaming count per key in a driver of its own, set up by hand as a user would (the shim jar,
 the provider class, the worker's interpreter), for tests/test_first_error.py: prints one JSON line
-with what PySpark shows of the query's failure, if it failed.
+with what PySpark shows of the query's failure, if it failed (the error `awaitTermination` raised,
+and `query.exception()`).
 
     python tests/first_error_query.py --checkpoint DIR [--master local[2]] [--partitions 200]
         [--rows 1000] [--batches 2] [--conf KEY=VALUE ...]
@@ -73,7 +74,8 @@ def main() -> int:
             if query.awaitTermination(0.5):
                 break
     except Exception as e:  # noqa: BLE001 - what PySpark shows is what this reports
-        error = {"type": type(e).__name__, "text": str(e)}
+        failure = query.exception()
+        error = {"type": type(e).__name__, "text": str(e), "exception": None if failure is None else str(failure)}
     finally:
         query.stop()
         spark.stop()

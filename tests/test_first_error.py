@@ -43,7 +43,11 @@ def run_query(checkpoint: Path, confs: list[str], *, master: str = "local[2]", *
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, f"the query's driver failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     error = json.loads(lines[-1])["error"]
-    return None if error is None else error["text"]
+    if error is None:
+        return None
+    # query.exception() is the same error without the STREAM_FAILED wrapper: it must tell the same.
+    assert error["exception"] and error["exception"].split(" SQLSTATE")[0] in error["text"], error
+    return error["text"]
 
 
 def shown(text: str | None) -> str:
