@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from backend_support import make_backend
 from pystatestore.store.backends.context import StoreContext
 from pystatestore.store.errors import LocalDiskError
 from pystatestore.worker.disk_errors import disk_failure
@@ -16,18 +17,9 @@ from pystatestore.worker.replies import reply
 
 
 def context(tmp_path: Path) -> StoreContext:
-    return StoreContext(
-        store_dir=f"file:{tmp_path / 'ckpt' / 'state' / '0' / '3'}",
-        operator_id=0,
-        partition_id=3,
-        store_name="default",
-        key_schema="",
-        value_schema="",
-        min_versions_to_retain=2,
-        orphan_grace_seconds=60,
-        local_dir=str(tmp_path / "local" / "pystatestore-1-2" / "stores" / "w0"),
-        host_dir=str(tmp_path / "local"),
-    )
+    """A store as its worker opens it: the checkpoint under ckpt/, this host's places under local/
+    (local recovery in local/recovery)."""
+    return make_backend("memory", tmp_path / "ckpt" / "state" / "0" / "3", tmp_path / "local").ctx
 
 
 def failing(e: BaseException, tmp_path: Path) -> str:
@@ -46,7 +38,7 @@ def test_an_unwritable_checkpoint_file_is_named_with_what_to_do(tmp_path: Path) 
 
 
 def test_rocksdbs_full_disk_in_the_local_directory_is_named(tmp_path: Path) -> None:
-    sst = tmp_path / "local" / "pystatestore-1-2" / "stores" / "w0" / "db" / "000009.sst"
+    sst = tmp_path / "local" / "db-3" / "000009.sst"
     e = Exception(f"IO error: No space left on device: While appending to file: {sst}: No space left on device")
     text = failing(e, tmp_path)
     assert f"this host's local work directory is full (No space left on device at {sst}" in text
@@ -54,7 +46,7 @@ def test_rocksdbs_full_disk_in_the_local_directory_is_named(tmp_path: Path) -> N
 
 
 def test_a_full_local_recovery_directory_names_its_conf(tmp_path: Path) -> None:
-    copy = tmp_path / "local" / "pystatestore-local-recovery-0" / "v1" / "x" / "000009.sst"
+    copy = tmp_path / "local" / "recovery" / "v1" / "x" / "000009.sst"
     text = failing(OSError(errno.ENOSPC, "No space left on device", str(copy)), tmp_path)
     assert "this host's local recovery directory is full" in text
     assert "spark.sql.streaming.stateStore.pystatestore.localRecoveryDir" in text
