@@ -121,7 +121,8 @@ final class RunningWorker private[pystatestore] (
 
   @volatile private var markedDead = false
   @volatile private[pystatestore] var diedAbnormally = false
-  /** The worker's resident memory at its last reply that reported it (0: none yet), for its obituary. */
+  /** The worker's resident memory last seen (a reply's report, the sampler's read; 0: never) and
+   * its peak so far, for its obituary should it be killed. */
   @volatile private[pystatestore] var lastRssBytes = 0L
   @volatile private[pystatestore] var peakRssBytes = 0L
   /** Where the kernel counts its OOM kills, and the count when it started: a rise means one of ours. */
