@@ -121,8 +121,8 @@ final class RunningWorker private[pystatestore] (
 
   @volatile private var markedDead = false
   @volatile private[pystatestore] var diedAbnormally = false
-  /** The worker's resident memory last seen (a reply's report, the sampler's read; 0: never) and
-   * its peak so far, for its obituary should it be killed. */
+  /** The worker's resident memory last seen by the sampler (0: never) and its peak so far, for its
+   * obituary should it be killed. */
   @volatile private[pystatestore] var lastRssBytes = 0L
   @volatile private[pystatestore] var peakRssBytes = 0L
   /** Where the kernel counts its OOM kills, and the count when it started: a rise means one of ours. */
@@ -243,14 +243,12 @@ object StateWorker extends Logging {
    * Until a worker with this interpreter has started once in this JVM, slots start one at a time
    * (the others wait for the first start's outcome): a setup that cannot work fails once per JVM.
    */
+  @scala.annotation.tailrec
   def acquire(spec: WorkerLaunchSpec, partitionId: Int): RunningWorker = {
-    while (true) {
-      val (slot, outcome, mine, thenAgain) = acquireStep(spec, partitionId)
-      if (mine) startInto(spec, slot, outcome)
-      val worker = try outcome.get() catch { case e: ExecutionException => throw e.getCause }
-      if (!thenAgain) return worker
-    }
-    throw new IllegalStateException("unreachable")
+    val (slot, outcome, mine, thenAgain) = acquireStep(spec, partitionId)
+    if (mine) startInto(spec, slot, outcome)
+    val worker = try outcome.get() catch { case e: ExecutionException => throw e.getCause }
+    if (thenAgain) acquire(spec, partitionId) else worker
   }
 
   /**
@@ -436,10 +434,6 @@ object StateWorker extends Logging {
       }
     }
     val json = JsonMethods.parse(reply)
-    json \ "workerRssBytes" match {
-      case JInt(rss) => worker.lastRssBytes = rss.toLong
-      case _ =>
-    }
     json \ "error" match {
       case JNothing | JNull => json
       case err =>
