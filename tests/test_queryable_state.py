@@ -304,6 +304,11 @@ def test_the_http_interface(stopped_query: tuple[Path, list]) -> None:
             status, body = served.request("GET", "/v1/scan?limit=3")
             assert status == 200 and len(body["rows"]) == 3 and not body["complete"]
             assert all(want[r["key"]["key"]] == r["value"] for r in body["rows"])
+            status, body = served.request("GET", f"/v1/scan?key={key_param({'key': 'k7'})}&limit=5")
+            assert status == 200 and body["complete"], body
+            assert [(r["key"], r["value"]) for r in body["rows"]] == [({"key": "k7"}, want["k7"])], body
+            status, body = served.request("GET", f"/v1/scan?key={key_param({'key': 'k99'})}")
+            assert status == 200 and body["complete"] and body["rows"] == [], body
             status, body = served.request("GET", "/v1/operators")
             assert status == 200 and body["operators"][0]["stores"][0]["keyColumns"] == ["key"]
             status, health = served.request("GET", "/healthz")

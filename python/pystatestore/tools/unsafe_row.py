@@ -173,7 +173,7 @@ class RowDecodeError(ValueError):
     """Bytes that are not an UnsafeRow of the schema (the schema does not match the state)."""
 
 
-def _bitset_bytes(n: int) -> int:
+def bitset_bytes(n: int) -> int:
     return ((n + 63) // 64) * 8
 
 
@@ -226,7 +226,7 @@ def _variable(t: SparkType, buf: memoryview, offset: int, size: int) -> Any:
 
 def _row(t: SparkType, buf: memoryview, base: int, end: int) -> tuple[Any, ...]:
     n = len(t.fields)
-    slots = base + _bitset_bytes(n)
+    slots = base + bitset_bytes(n)
     if slots + 8 * n > end:
         raise RowDecodeError(f"{end - base} bytes cannot hold a row of {n} fields")
     out: list[Any] = []
@@ -245,7 +245,7 @@ def _array(t: SparkType, buf: memoryview, base: int, end: int) -> list[Any]:
     assert t.element is not None
     n = struct.unpack_from("<q", buf, base)[0]
     width = t.element.array_element_width()
-    values = base + 8 + _bitset_bytes(n)
+    values = base + 8 + bitset_bytes(n)
     if n < 0 or values + n * width > end:
         raise RowDecodeError(f"{end - base} bytes cannot hold an array of {n} elements")
     out: list[Any] = []
@@ -333,9 +333,9 @@ def encode_row(t: SparkType, values: tuple[Any, ...] | list[Any]) -> bytes:
     n = len(t.fields)
     if len(values) != n:
         raise ValueError(f"a row of {n} fields cannot hold {len(values)} values")
-    fixed = bytearray(_bitset_bytes(n) + 8 * n)
+    fixed = bytearray(bitset_bytes(n) + 8 * n)
     variable = bytearray()
-    slots = _bitset_bytes(n)
+    slots = bitset_bytes(n)
 
     def set_null(i: int) -> None:
         fixed[(i >> 6) * 8 + ((i & 63) >> 3)] |= 1 << (i & 7)

@@ -14,6 +14,7 @@ from ..key_lookup import KeyValueError, ScanNeededError, router_for
 from ..state_rows import key_matches
 from ..unsafe_row import RowDecodeError, SchemaError, SparkType, decode_row, key_row_bytes, unique_names
 from .answers import Answer, Lookup, QuestionError, Scan
+from .key_filter import key_prefilter
 from .layout import Layout, Shape
 from .served import ServedBatch, StoreId
 from .values import row_json
@@ -145,9 +146,12 @@ class Questions:
                 )
             if exact and set(key) != set(names):
                 raise self._question(f"a key must name every key column ({', '.join(names)})")
+            may_match = key_prefilter(key_type, names, key) if key else None
             for k, v in opened.items(prefix):
                 try:
                     row = family.key_row(k) if family is not None else key_row_bytes(k, opened.key_encoding)
+                    if may_match is not None and not may_match(row):
+                        continue
                     decoded = row_json(key_type, decode_row(key_type, row))
                     if key and not key_matches(decoded, [key]):
                         continue
