@@ -17,11 +17,14 @@ query alone; and, as the anchor, the same question asked through Spark's own sta
 (`spark.read.format("statestore")` with a key filter) on the stopped checkpoint, in the same run.
 
     .venv/bin/python scripts/bench_queryable.py [--minutes 3] [--repeat 2] [--keys 1000000]
-        [--rate 3000] [--connections 2] [--kinds alone,following,asked] [--nice 0] [--pyspark 4.3]
-        [--out bench/queryable-....txt]
+        [--rate 3000] [--connections 2] [--kinds alone,following,asked] [--nice 0]
+        [--query-cpus 0 --service-cpus 1] [--pyspark 4.3] [--out bench/queryable-....txt]
 
 --nice -10 runs the service and the client ahead of the query (what a host does by giving the
-service a core or a larger CPU weight); it needs root.
+service a larger CPU weight); it needs root. --query-cpus and --service-cpus split the machine's
+cores instead: the query (its driver JVM and everything it starts) on the first set in every kind of
+run, the service and the client on the second - a host with a core the query does not use, which is
+what a driver host usually has and what this 2-core machine has not.
 
 Goals (issue 68): p50 at most 1 ms and p99 at most 5 ms at the client, at least 3,000 lookups/s,
 lag at most 1 batch at p99, the query's batch time with the service at most 1.05x without it.
@@ -63,6 +66,8 @@ ANCHOR_QUESTIONS = 5
 
 # -- the query child --------------------------------------------------------------------------
 def query_child(args: argparse.Namespace) -> None:
+    if args.cpus:  # before Spark starts: its JVM and the workers under it inherit the set
+        os.sched_setaffinity(0, cpu_set(args.cpus))
     from benchlib.session import record_progress, run_count_until, start_session
 
     spark = start_session("pystatestore-bench-queryable", partitions=PARTITIONS, sql_conf=sql_conf(RUN))
@@ -164,6 +169,7 @@ class ServiceWatcher:
         self.keys, self.seconds = args.keys, args.minutes * 60
         self.rate, self.connections = args.rate, args.connections
         self.niced = ["nice", "-n", str(args.nice)] if args.nice else []
+        self.niced += ["taskset", "-c", args.service_cpus] if args.service_cpus else []
         self.procs: list[subprocess.Popen] = []
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -269,7 +275,13 @@ KINDS = {"alone": "the query alone", "following": "the service following", "aske
 def run_query(args: argparse.Namespace, work: Path, tag: str, kind: str) -> dict[str, Any]:
     checkpoint, progress = work / f"ckpt-{tag}", work / f"progress-{tag}.jsonl"
     cmd = script_argv(
-        __file__, child=True, input=work / "input", checkpoint=checkpoint, progress=progress, minutes=args.minutes
+        __file__,
+        child=True,
+        input=work / "input",
+        checkpoint=checkpoint,
+        progress=progress,
+        minutes=args.minutes,
+        cpus=args.query_cpus,
     )
     print(f"bench_queryable: {tag} ({KINDS[kind]})", file=sys.stderr, flush=True)
     log = work / f"{tag}.log"
@@ -310,6 +322,15 @@ def lags(answers: list[list[Any]], batches: list[dict[str, Any]]) -> list[int]:
     return out
 
 
+def cpu_set(spec: str) -> set[int]:
+    """CPUs as taskset -c takes them: "0", "0,2" or "0-3"."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -329,15 +350,24 @@ def main() -> int:
         default=0,
         help="run the service and the client at this niceness (negative: ahead of the query; needs root)",
     )
+    ap.add_argument("--query-cpus", help="run the query (JVM and workers) on these CPUs only, e.g. 0")
+    ap.add_argument("--service-cpus", help="run the service and the client on these CPUs only, e.g. 1")
     ap.add_argument("--kinds", default="alone,following,asked", help="the kinds of run, taken in turn")
     ap.add_argument("--pyspark", help="the Spark minor to run (default: the venv's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--asker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--anchor", action="store_true", help=argparse.SUPPRESS)
-    hidden_options(ap, "--input", "--checkpoint", "--progress", "--port", "--seconds")
+    hidden_options(ap, "--input", "--checkpoint", "--progress", "--port", "--seconds", "--cpus")
     args = ap.parse_args()
     kinds = args.kinds.split(",")
+    for given in (args.query_cpus, args.service_cpus):
+        if given and not args.child and not cpu_set(given) <= os.sched_getaffinity(0):
+            ap.error(f"--query-cpus/--service-cpus: {given} is not among this machine's CPUs")
+    if bool(args.query_cpus) != bool(args.service_cpus) or (
+        args.query_cpus and cpu_set(args.query_cpus) & cpu_set(args.service_cpus)
+    ):
+        ap.error("--query-cpus and --service-cpus go together and share no CPU")
     if not args.child and not args.asker and not args.anchor and ("alone" not in kinds or set(kinds) - set(KINDS)):
         ap.error(f"--kinds: some of {', '.join(KINDS)}, alone among them (every ratio is against it)")
     if args.child:
@@ -402,7 +432,13 @@ def main() -> int:
         "# the service: `pystatestore serve CHECKPOINT` (another process) following the commit log; the client: "
         "another process asking GET /v1/state for random keys (a tenth never written) over "
         f"{args.connections} keep-alive connection(s), {offered}, latency counted from when each lookup was due"
-        + (f"; the service and the client at niceness {args.nice} (the query at 0)" if args.nice else ""),
+        + (f"; the service and the client at niceness {args.nice} (the query at 0)" if args.nice else "")
+        + (
+            f"; the query (its JVM and workers) on CPU {args.query_cpus} in every run, the service and the "
+            f"client on CPU {args.service_cpus}: a host with a core the query does not use"
+            if args.query_cpus
+            else ""
+        ),
         "",
     ]
     if answers:
