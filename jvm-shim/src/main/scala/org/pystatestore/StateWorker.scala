@@ -42,7 +42,7 @@ object WorkerLaunchSpec {
   val ConfPrefix = "spark.sql.streaming.stateStore.pystatestore."
   val DefaultCallTimeoutMs: Long = 30L * 60 * 1000
   val DefaultProbeIntervalMs: Long = 30L * 1000
-  /** A worker costs about 70 MiB at rest; past this, extra task slots share workers. */
+  /** A worker costs about 80 MiB at rest (bench/README.md, the scale bench); past this, extra task slots share workers. */
   val MaxDefaultWorkers = 4
 
   /** Interpreter: provider conf, else spark.pyspark.python, else PYSPARK_PYTHON, else python3. */
