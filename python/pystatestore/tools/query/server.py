@@ -18,7 +18,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -29,7 +28,6 @@ from ...store.errors import StateStoreError
 from .client import BatchGoneError, QuestionError, StateClient
 
 TOKEN_ENV = "PYSTATESTORE_SERVE_TOKEN"
-GIL_SWITCH_SECONDS = 0.0005
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
@@ -291,10 +289,6 @@ def serve(client: StateClient, host: str, port: int, token: str | None, log_leve
     import uvicorn
 
     check_binding(host, token)
-    # The follower's thread (commit log, manifests, opening versions) shares the GIL with the event
-    # loop: an answer waiting for it waits up to this long while that thread runs Python code (the
-    # default, 5 ms, is the whole p99 goal).
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     threading.Thread(target=client.open_all, name="pystatestore-open-all", daemon=True).start()
     # Not behind a proxy by default, and no access log: each costs every request a little CPU, taken
     # from the query on a small machine.
