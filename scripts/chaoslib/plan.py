@@ -232,3 +232,18 @@ def make_every_fault_fire(plan: Plan) -> None:
             plan.retain = None
     if plan.local_copy_damage is not None:
         plan.local_copy_interval = 1
+    if plan.cold_stops and plan.executor_kills:
+        # A phase's last batch is followed by a stop that kills every executor: a kill drawn after
+        # it finds none left (run seed 2004633997: "after batch 3" before a stop after file 4). It
+        # moves to the nearest batch inside a phase, or goes when there is none.
+        phase_ends = {stop - 1 for stop in plan.stops}
+        free = [b for b in range(1, FILES - 1) if b not in phase_ends and b not in plan.executor_kills]
+        kills = []
+        for batch in plan.executor_kills:
+            if batch in phase_ends:
+                if not free:
+                    continue
+                batch = min(free, key=lambda b, drawn=batch: (abs(b - drawn), b))
+                free.remove(batch)
+            kills.append(batch)
+        plan.executor_kills = sorted(kills)
