@@ -203,7 +203,10 @@ def make_every_fault_fire(plan: Plan) -> None:
     transfer (changes and small files are otherwise stored inside manifests)."""
     if any(r["point"].startswith("download:") or r["point"] == "restore:replayed" for r in plan.rules):
         plan.local_recovery = False
-    if not plan.local_recovery:
+    # Local saves that fail for want of disk leave no copy to restore from (run seed 2116397989:
+    # restore:file "after 2" beside local-save:moved failing, and no restore read a local copy).
+    saves_fail = any(r["point"].startswith("local-save:") and r["action"] == "enospc" for r in plan.rules)
+    if not plan.local_recovery or saves_fail:
         # Without local copies a restore downloads: the fault goes where the files come from.
         for rule in plan.rules:
             if rule["point"] == "restore:file":
