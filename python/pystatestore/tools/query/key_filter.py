@@ -39,9 +39,10 @@ def key_prefilter(key_type: SparkType, names: list[str], wanted: dict[str, Any])
             strings.append((at, given.encode("utf-8")))
     if not fixed and not strings:
         return None
+    slots_end = slots + _SLOT * len(key_type.fields)
 
     def may_match(row: memoryview) -> bool:
-        if len(row) < slots + _SLOT * len(key_type.fields):
+        if len(row) < slots_end:
             return True  # not a row of this schema: the decoder says so
         for at, value in fixed:
             if row[at : at + len(value)] != value:
