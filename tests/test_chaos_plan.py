@@ -33,3 +33,20 @@ def test_no_local_restore_fault_is_drawn_beside_local_saves_that_fail() -> None:
         plan = draw(seed, "/pss/")
         if any(r["point"] == "local-save:moved" and r["action"] == "enospc" for r in plan.rules):
             assert not any(r["point"] == "restore:file" for r in plan.rules), (seed, plan.rules)
+
+
+def test_a_commit_fault_waits_fewer_commits_than_one_store_makes_in_a_worker_life() -> None:
+    """A worker process may hold one store only (pool of one per one-core executor, stores spread
+    over executors), and it lives from one kill of its executor to the next: a stop that kills
+    every executor (cold), or an executor kill after batch b (file b + 1). In that stretch its store
+    commits at least once per input file."""
+    capped = 0
+    for seed in [*SEEDS, 657555479]:
+        plan = draw(seed, "/pss/")
+        kills = sorted({*(b + 1 for b in plan.executor_kills), *(plan.stops if plan.cold_stops else [])})
+        lives = [end - start for start, end in zip([0, *kills], [*kills, FILES], strict=True)]
+        for rule in plan.rules:
+            if rule["point"].startswith(("commit:", "apply:")):
+                assert rule["after"] < max(lives), (seed, rule, plan.stops, plan.executor_kills)
+                capped += rule["after"] == max(lives) - 1
+    assert capped > 10  # the draw still reaches the last commit a worker makes

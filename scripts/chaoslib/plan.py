@@ -250,3 +250,19 @@ def make_every_fault_fire(plan: Plan) -> None:
                 free.remove(batch)
             kills.append(batch)
         plan.executor_kills = sorted(kills)
+    # "after" counts in each worker process, and a worker may hold one store only (run seed
+    # 657555479 drew apply:written "after 5": its longest phase had 4 batches, a worker one store,
+    # and it never fired). A commit fault fires where one store's worker lives through more commits.
+    stretch = longest_worker_life(plan)
+    for rule in plan.rules:
+        if rule["point"] in DURABLE_FIRST_POINTS or rule["point"] in APPLYING_FIRST_POINTS:
+            rule["after"] = min(rule["after"], stretch - 1)
+
+
+def longest_worker_life(plan: Plan) -> int:
+    """The most input files (one batch, so at least one commit per store, each) a worker process is
+    sure to live through: stops end every worker when they kill the executors, an executor kill
+    after batch b (file b + 1) ends one."""
+    ends = {b + 1 for b in plan.executor_kills} | (set(plan.stops) if plan.cold_stops else set())
+    edges = [0, *sorted(ends), FILES]
+    return max(b - a for a, b in zip(edges, edges[1:], strict=False))
