@@ -465,7 +465,7 @@ def main() -> int:
         + "; ".join(f"{KINDS[k]} {', '.join(f'{v:.0f}' for v in medians(k))}" for k in kinds)
     )
     for kind in kinds:
-        if kind != "alone" and alone:
+        if kind != "alone":
             ratio = statistics.median(medians(kind)) / statistics.median(alone)
             lines.append(f"query batch time, {KINDS[kind]} / alone: {ratio:.3f}x")
     anchor_ms = statistics.median(anchor_s) * 1000
