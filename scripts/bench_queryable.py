@@ -159,6 +159,15 @@ def asker_child(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(sorted(answers)))
 
 
+def service_ready(port: int) -> bool:
+    """Whether `pystatestore serve` on `port` says every store is open (GET /healthz)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return bool(json.loads(r.read()).get("ready"))
+    except OSError:
+        return False
+
+
 class ServiceWatcher:
     """Started with the query's child: once the query committed its first batch, starts
     `pystatestore serve` on its checkpoint and, when `asking`, the asking client; stops both at the
@@ -210,7 +219,7 @@ class ServiceWatcher:
             return
         # Lookups start once the service is ready (every store open), as a load balancer's
         # readiness check would send them: the first restores are the service's start, not its answers.
-        while not self.halt.is_set() and not self._ready(port):
+        while not self.halt.is_set() and not service_ready(port):
             if time.time() > deadline + 120:
                 self.error = "the service did not open every store in 3 minutes; see its log"
                 return
@@ -227,14 +236,6 @@ class ServiceWatcher:
             out=self.answers_file,
         )
         self.procs.append(subprocess.Popen([*self.niced, sys.executable, *argv]))
-
-    @staticmethod
-    def _ready(port: int) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-                return bool(json.loads(r.read()).get("ready"))
-        except OSError:
-            return False
 
     def stop(self) -> None:
         self.halt.set()

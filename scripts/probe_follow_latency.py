@@ -30,12 +30,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_queryable import pct  # noqa: E402
+from bench_queryable import pct, service_ready  # noqa: E402
 from benchlib.child import run_child, script_argv  # noqa: E402
 from benchlib.inputs import write_update_files  # noqa: E402
 from benchlib.report import code_version, write_report  # noqa: E402
@@ -76,14 +75,6 @@ def reveal(ckpt: Path, live: Path, batches: int, stop: threading.Event) -> None:
             shutil.copy2(ckpt / log / str(n), live / log / str(n))
 
 
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            return bool(json.loads(r.read()).get("ready"))
-    except OSError:
-        return False
-
-
 def one_run(ckpt: Path, work: Path, batches: int, tag: str, follow: bool, args: argparse.Namespace) -> str:
     live = work / "live"
     hidden_copy(ckpt, live)
@@ -99,7 +90,7 @@ def one_run(ckpt: Path, work: Path, batches: int, tag: str, follow: bool, args: 
         )
     try:
         deadline = time.time() + 180
-        while not ready(port):
+        while not service_ready(port):
             if time.time() > deadline or service.poll() is not None:
                 raise SystemExit(f"{tag}: the service did not get ready; see {work / f'serve-{tag}.log'}")
             time.sleep(0.2)
