@@ -35,11 +35,8 @@ def spin(cpu: int, seconds: float, gaps: mp.SimpleQueue | None) -> None:  # type
 
 
 def probe(cpu: int, seconds: float, others_busy: bool) -> list[float]:
-    busy = [
-        mp.Process(target=spin, args=(c, seconds + 2, None), daemon=True)
-        for c in sorted(os.sched_getaffinity(0) - {cpu})
-        if others_busy
-    ]
+    others = sorted(os.sched_getaffinity(0) - {cpu}) if others_busy else []
+    busy = [mp.Process(target=spin, args=(c, seconds + 2, None), daemon=True) for c in others]
     for p in busy:
         p.start()
     time.sleep(1 if busy else 0)  # the other CPUs busy before the probe starts

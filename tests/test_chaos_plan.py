@@ -7,6 +7,7 @@ local-save leaves no local copy to restore from."""
 from __future__ import annotations
 
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -44,7 +45,7 @@ def test_a_commit_fault_waits_fewer_commits_than_one_store_makes_in_a_worker_lif
     for seed in [*SEEDS, 657555479]:
         plan = draw(seed, "/pss/")
         kills = sorted({*(b + 1 for b in plan.executor_kills), *(plan.stops if plan.cold_stops else [])})
-        lives = [end - start for start, end in zip([0, *kills], [*kills, FILES], strict=True)]
+        lives = [end - start for start, end in pairwise([0, *kills, FILES])]
         for rule in plan.rules:
             if rule["point"].startswith(("commit:", "apply:")):
                 assert rule["after"] < max(lives), (seed, rule, plan.stops, plan.executor_kills)

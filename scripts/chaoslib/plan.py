@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -255,7 +256,7 @@ def make_every_fault_fire(plan: Plan) -> None:
     # and it never fired). A commit fault fires where one store's worker lives through more commits.
     stretch = longest_worker_life(plan)
     for rule in plan.rules:
-        if rule["point"] in DURABLE_FIRST_POINTS or rule["point"] in APPLYING_FIRST_POINTS:
+        if rule["point"] in commit_points(plan.mode, plan.durable_first):
             rule["after"] = min(rule["after"], stretch - 1)
 
 
@@ -265,4 +266,4 @@ def longest_worker_life(plan: Plan) -> int:
     after batch b (file b + 1) ends one."""
     ends = {b + 1 for b in plan.executor_kills} | (set(plan.stops) if plan.cold_stops else set())
     edges = [0, *sorted(ends), FILES]
-    return max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    return max(b - a for a, b in pairwise(edges))
