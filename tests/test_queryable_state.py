@@ -30,7 +30,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.cli import main
-from pystatestore.tools.query import BatchGoneError, QuestionError, StateClient
+from pystatestore.tools.query import BatchGoneError, QuestionError, StateClient, versions
+from pystatestore.tools.query.restorer import remove_discarded
 from pystatestore.tools.query.server import ServeConfigError, check_binding, create_app
 from spark_support import OUR_PROVIDER, start_session
 from test_faults import worker_pids
@@ -419,6 +420,44 @@ def test_a_dead_restore_process_fails_its_restore_by_name_and_a_new_one_takes_ov
         child = restores._process
     assert child.poll() is not None, "the restore process outlived its client"
     assert not list(tmp_path.iterdir()), "the restores' scratch space was left behind"
+
+
+def test_the_restore_process_removes_the_version_directories_the_asker_closed(
+    stopped_query: tuple[Path, list], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed version's directory is removed by the restore process, not by the process that
+    answers (whose GIL the answers need): it goes once its batch is let go, and this process never
+    removes it itself."""
+    ckpt, files = stopped_query
+    removed_here: list[Path] = []
+    monkeypatch.setattr(versions, "_remove_tree", removed_here.append)
+    last = max(committed(ckpt))
+    with StateClient(str(ckpt), follow=False, scratch=str(tmp_path), restore_in="process", history_batches=1) as client:
+        assert client.get({"key": "k3"}, batch=last - 1).value == expected_state(files, last - 1).get("k3")
+        first = [v.path for v in client._history[last - 1][0].opened().values()]
+        assert first and all(p is not None and p.is_dir() for p in first)
+        assert client.get({"key": "k3"}, batch=last - 2).value == expected_state(files, last - 2).get("k3")
+        assert last - 1 not in client._history  # let go: one older batch is kept
+        deadline = time.time() + 20
+        while any(p.exists() for p in first) and time.time() < deadline:
+            client.get({"key": "k4"}, batch=last - 2)  # any request carries what was not sent yet
+            time.sleep(0.05)
+        assert not any(p.exists() for p in first), "the closed version's directory was left behind"
+    assert removed_here == [], f"the answering process removed {removed_here} itself"
+
+
+def test_the_restore_process_removes_nothing_outside_its_scratch_space(tmp_path: Path) -> None:
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside"
+    (scratch / "v5-1").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (scratch / "link").symlink_to(outside)
+    remove_discarded(
+        [str(outside), str(scratch), str(scratch / "link"), str(scratch / ".." / "outside"), str(scratch / "v5-1")],
+        str(scratch),
+    )
+    assert (outside / "keep").exists() and scratch.is_dir() and (scratch / "link").is_symlink()
+    assert not (scratch / "v5-1").exists()
 
 
 def test_the_client_follows_a_checkpoint_repartitioned_in_place(spark: SparkSession, tmp_path: Path) -> None:

@@ -10,12 +10,14 @@ the checkpoint); it exits when its pipe closes, so it never outlives the process
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ class RestoreProcess:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._process: Any = None
+        self._discarded: deque[str] = deque()  # version directories closed here, for the child to remove
 
     def restore(
         self, key: StoreKey, location: StoreLocation, version: int, checkpoint_id: str | None
@@ -49,11 +52,35 @@ class RestoreProcess:
         _, path, schemas = reply
         return Path(path), schemas
 
+    def discard(self, path: Path) -> None:
+        """Has the child remove a version directory this process closed: thousands of unlinks that
+        would otherwise take turns with the answers for this process's GIL. Sent now when the pipe
+        is free, else with the next request; whatever is left goes with the scratch space."""
+        self._discarded.append(str(path))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._send_discarded()
+            finally:
+                self._lock.release()
+
+    def _send_discarded(self) -> None:
+        """(Holding the lock.) The directories discarded so far, to a running child; no reply."""
+        if self._conn is None or not self._discarded:
+            return
+        paths = []
+        while self._discarded:  # popleft, not a swap: appends from other threads need no lock
+            paths.append(self._discarded.popleft())
+        try:
+            self._conn.send(("discard", paths))
+        except OSError:
+            self._discarded.extend(paths)  # a new child removes them
+
     def forget(self, key: StoreKey) -> None:
         """Closes the child's follower of `key` (its local DB and scratch space)."""
         with self._lock:
             if self._conn is None:
                 return
+            self._send_discarded()
             try:
                 self._conn.send(("forget", key))
                 self._conn.recv()
@@ -64,6 +91,7 @@ class RestoreProcess:
         with self._lock:
             if self._conn is None:
                 self._start()
+            self._send_discarded()
             try:
                 self._conn.send(request)
                 reply = self._conn.recv()
@@ -148,7 +176,7 @@ class ProcessFollower:
                 return opened
             path, schemas = restored
             self.version = version
-        return open_restored(self.location, version, path, schemas, self._options_factory)
+        return open_restored(self.location, version, path, schemas, self._options_factory, self._restores.discard)
 
     def close(self) -> None:
         with self._lock:
@@ -176,6 +204,9 @@ def serve_restores(conn: Any, scratch: str) -> None:
                 return
             if request[0] == "exit":
                 return
+            if request[0] == "discard":  # no reply: the asker does not wait for removals
+                remove_discarded(request[1], scratch)
+                continue
             if request[0] == "forget":
                 follower = followers.pop(request[1], None)
                 if follower is not None:
@@ -198,6 +229,15 @@ def serve_restores(conn: Any, scratch: str) -> None:
     finally:
         for follower in followers.values():
             follower.close()
+
+
+def remove_discarded(paths: list[str], scratch: str) -> None:
+    """Removes version directories the asker closed: only ones inside this child's scratch space."""
+    root = Path(scratch).resolve()
+    for path in paths:
+        target = Path(path).resolve()
+        if target != root and target.is_relative_to(root):
+            shutil.rmtree(target, ignore_errors=True)
 
 
 def _described(e: Exception) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,12 +25,20 @@ class OpenVersion:
     its directory, so a newer batch never pulls a view from under an answer."""
 
     def __init__(
-        self, location: StoreLocation, version: int, db: Any, path: Path | None, schemas: tuple[str, str, str]
+        self,
+        location: StoreLocation,
+        version: int,
+        db: Any,
+        path: Path | None,
+        schemas: tuple[str, str, str],
+        discard: Callable[[Path], None] | None = None,
     ) -> None:
+        """`discard` removes the version's directory once closed (default: here, now)."""
         self.location = location
         self.version = version
         self.db = db  # a rocksdict.Rdict, or a dict (frame backends)
         self.path = path
+        self._discard = discard or _remove_tree
         self.key_schema, self.value_schema, self.key_encoding = schemas
         self._refs = 1
         self._lock = threading.Lock()
@@ -59,7 +67,7 @@ class OpenVersion:
             if hasattr(self.db, "close"):
                 self.db.close()
             if self.path is not None:
-                shutil.rmtree(self.path, ignore_errors=True)
+                self._discard(self.path)
 
     def get(self, stored_key: bytes) -> bytes | None:
         value = self.db.get(stored_key)
@@ -96,17 +104,27 @@ class OpenVersion:
         return self._families
 
 
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def open_restored(
-    location: StoreLocation, version: int, path: Path, schemas: tuple[str, str, str], options_factory: Any
+    location: StoreLocation,
+    version: int,
+    path: Path,
+    schemas: tuple[str, str, str],
+    options_factory: Any,
+    discard: Callable[[Path], None] | None = None,
 ) -> OpenVersion:
-    """A version's restored checkpoint directory opened read-only; removed if it cannot be."""
+    """A version's restored checkpoint directory opened read-only; removed (by `discard`) once closed,
+    or now if it cannot be opened."""
     options = options_factory() if options_factory is not None else None
     try:
         db = open_read_only(path, options)
     except Exception:
-        shutil.rmtree(path, ignore_errors=True)
+        (discard or _remove_tree)(path)
         raise
-    return OpenVersion(location, version, db, path, schemas)
+    return OpenVersion(location, version, db, path, schemas, discard)
 
 
 class Follower(Protocol):
