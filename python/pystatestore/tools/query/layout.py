@@ -29,6 +29,10 @@ def shared_cache_options(cache_mib: int) -> Callable[[], Any]:
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_top_level_index_and_filter(True)
         opts.set_block_based_table_factory(table)
+        # An open holds the answering process's GIL throughout. RocksDB's default opens a version's
+        # few files on up to 16 threads it starts for the purpose, which costs more than it saves:
+        # 1.33 ms a version's open (p50) against 0.78 ms on the opening thread alone (decision 0044).
+        opts.set_max_file_opening_threads(1)
         return opts
 
     return options
