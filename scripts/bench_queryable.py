@@ -1,10 +1,13 @@
 """Benchmark: queryable state while the query runs (issue 68). A count per key over 1M keys, 4
 partitions, 1% of the keys updated per batch, a batch every 1.5 s (processing-time trigger), on
 pystatestore in its default mode. Each run is one query in its own driver JVM for --minutes, of
-one of three kinds, taken in turn: the query alone; the query with `pystatestore serve` following
-its checkpoint and nobody asking ("following"); and the query with the service and a client in
+one of four kinds, taken in turn: the query alone; the query with `pystatestore serve` following
+its checkpoint and nobody asking ("following"); the query with the service and a client in
 another process asking for random keys (a tenth of them absent) over --connections keep-alive
-connections (a thread each) at --rate lookups/s in all ("asked"; --rate 0: as fast as answers come).
+connections (a thread each) at --rate lookups/s in all ("asked"; --rate 0: as fast as answers come);
+and, not by default, the same client asking a service that serves a copy of the checkpoint frozen at
+the query's first batch ("frozen": the floor the running query leaves the service, with nothing to
+follow).
 
 The client's rate is offered, not answered: each connection sends on a fixed schedule, and a
 lookup's latency runs from when it was due, so a stalled service is charged for every lookup that
@@ -173,8 +176,10 @@ class ServiceWatcher:
     `pystatestore serve` on its checkpoint and, when `asking`, the asking client; stops both at the
     end."""
 
-    def __init__(self, checkpoint: Path, work: Path, args: argparse.Namespace, tag: str, asking: bool) -> None:
-        self.checkpoint, self.work, self.tag, self.asking = checkpoint, work, tag, asking
+    def __init__(
+        self, checkpoint: Path, work: Path, args: argparse.Namespace, tag: str, asking: bool, frozen: bool = False
+    ) -> None:
+        self.checkpoint, self.work, self.tag, self.asking, self.frozen = checkpoint, work, tag, asking, frozen
         self.keys, self.seconds = args.keys, args.minutes * 60
         self.rate, self.connections = args.rate, args.connections
         self.niced = ["nice", "-n", str(args.nice)] if args.nice else []
@@ -193,13 +198,17 @@ class ServiceWatcher:
         while not (self.checkpoint / "commits" / "0").exists():
             if self.halt.wait(0.2):
                 return
+        served = self.checkpoint
+        if self.frozen:
+            served = self.work / f"frozen-{self.tag}"
+            frozen_copy(self.checkpoint, served, batches=1)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         serve_log = open(self.work / f"serve-{self.tag}.log", "w")  # noqa: SIM115 - closed with the process
         self.procs.append(
             subprocess.Popen(
-                [*self.niced, sys.executable, "-m", "pystatestore.tools.cli", "serve", str(self.checkpoint)]
+                [*self.niced, sys.executable, "-m", "pystatestore.tools.cli", "serve", str(served)]
                 + ["--port", str(port)],
                 stdout=serve_log,
                 stderr=subprocess.STDOUT,
@@ -249,6 +258,21 @@ class ServiceWatcher:
                 proc.kill()
 
 
+def frozen_copy(checkpoint: Path, dest: Path, batches: int) -> None:
+    """A copy of `checkpoint` whose commit log shows only its first `batches` batches; files the
+    query wrote or deleted during the copy belong to later versions, which the copy never serves."""
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        shutil.copytree(checkpoint, dest)
+    except shutil.Error:
+        pass  # a file of a later version written or GC'd under the copy
+    for log in ("commits", "offsets"):
+        for entry in (dest / log).iterdir():
+            batch = entry.name.lstrip(".").removesuffix(".crc")
+            if batch.isdigit() and int(batch) >= batches:
+                entry.unlink()
+
+
 # -- the anchor: Spark's own state reader -------------------------------------------------------
 def anchor_child(args: argparse.Namespace) -> None:
     from pyspark.sql import functions as F
@@ -270,7 +294,13 @@ def anchor_child(args: argparse.Namespace) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-KINDS = {"alone": "the query alone", "following": "the service following", "asked": "the service asked"}
+KINDS = {
+    "alone": "the query alone",
+    "following": "the service following",
+    "asked": "the service asked",
+    "frozen": "the service asked, serving a copy frozen at the first batch",
+}
+ASKED_KINDS = ("asked", "frozen")
 
 
 def run_query(args: argparse.Namespace, work: Path, tag: str, kind: str) -> dict[str, Any]:
@@ -286,7 +316,7 @@ def run_query(args: argparse.Namespace, work: Path, tag: str, kind: str) -> dict
     )
     print(f"bench_queryable: {tag} ({KINDS[kind]})", file=sys.stderr, flush=True)
     log = work / f"{tag}.log"
-    watcher = ServiceWatcher(checkpoint, work, args, tag, asking=kind == "asked")
+    watcher = ServiceWatcher(checkpoint, work, args, tag, asking=kind in ASKED_KINDS, frozen=kind == "frozen")
     run = run_child(
         cmd, timeout=args.minutes * 60 + 600, log=log, watch=lambda pid: [watcher] if kind != "alone" else []
     )
@@ -297,7 +327,7 @@ def run_query(args: argparse.Namespace, work: Path, tag: str, kind: str) -> dict
     batches = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
     batches = [b for b in batches if b.get("numInputRows", 0) > 0]
     result: dict[str, Any] = {"batches": batches, "checkpoint": checkpoint}
-    if kind == "asked":
+    if kind in ASKED_KINDS:
         result["answers"] = json.loads(watcher.answers_file.read_text()) if watcher.answers_file.exists() else []
     return result
 
@@ -461,6 +491,17 @@ def main() -> int:
             f"lag behind the commit log (batches): p50 {pct(all_lags, 0.5)}, p99 {pct(all_lags, 0.99)}, "
             f"max {max(all_lags)}",
         ]
+    frozen_runs = [(tag, r) for tag, r in runs if tag.startswith("frozen") and r["answers"]]
+    if frozen_runs:
+        frozen_ms = [a[1] * 1000 for _, r in frozen_runs for a in r["answers"] if a[4] == 200]
+        lines.append(
+            f"latency at the client, serving a frozen copy (nothing to follow): p50 {pct(frozen_ms, 0.5):.3f} ms, "
+            f"p99 {pct(frozen_ms, 0.99):.3f} ms, max {max(frozen_ms):.1f} ms; p99 by run: "
+            + ", ".join(
+                f"{tag} {pct([a[1] * 1000 for a in r['answers'] if a[4] == 200], 0.99):.3f} ms"
+                for tag, r in frozen_runs
+            )
+        )
     lines.append(
         f"query median batch ms (batches after the first {WARMUP_BATCHES}): "
         + "; ".join(f"{KINDS[k]} {', '.join(f'{v:.0f}' for v in medians(k))}" for k in kinds)

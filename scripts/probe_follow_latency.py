@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_queryable import pct, service_ready  # noqa: E402
+from bench_queryable import frozen_copy, pct, service_ready  # noqa: E402
 from benchlib.child import run_child, script_argv  # noqa: E402
 from benchlib.inputs import write_update_files  # noqa: E402
 from benchlib.report import code_version, write_report  # noqa: E402
@@ -57,16 +57,6 @@ def build_checkpoint(work: Path, batches: int) -> Path:
     return ckpt
 
 
-def hidden_copy(ckpt: Path, live: Path) -> None:
-    shutil.rmtree(live, ignore_errors=True)
-    shutil.copytree(ckpt, live)
-    committed = [int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit()]
-    for n in range(SHOWN, max(committed) + 1):
-        for log in ("commits", "offsets"):
-            (live / log / str(n)).unlink(missing_ok=True)
-            (live / log / f".{n}.crc").unlink(missing_ok=True)
-
-
 def reveal(ckpt: Path, live: Path, batches: int, stop: threading.Event) -> None:
     for n in range(SHOWN, batches):
         if stop.wait(INTERVAL):
@@ -77,7 +67,7 @@ def reveal(ckpt: Path, live: Path, batches: int, stop: threading.Event) -> None:
 
 def one_run(ckpt: Path, work: Path, batches: int, tag: str, follow: bool, args: argparse.Namespace) -> str:
     live = work / "live"
-    hidden_copy(ckpt, live)
+    frozen_copy(ckpt, live, batches=SHOWN)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
