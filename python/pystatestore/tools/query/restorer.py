@@ -53,8 +53,8 @@ class RestoreProcess:
         return Path(path), schemas
 
     def discard(self, path: Path) -> None:
-        """Has the child remove a version directory this process closed: thousands of unlinks that
-        would otherwise take turns with the answers for this process's GIL. Sent now when the pipe
+        """Has the child remove a version directory this process closed: its unlinks would otherwise
+        take turns with the answers for this process's GIL, each a switch. Sent now when the pipe
         is free, else with the next request; whatever is left goes with the scratch space."""
         self._discarded.append(str(path))
         if self._lock.acquire(blocking=False):
