@@ -11,10 +11,10 @@ lookups over 3 ms, where they were due relative to the moment the answers moved 
     .venv/bin/python scripts/probe_follow_latency.py [--runs 2] [--seconds 60] [--cpus 1]
         [--checkpoint DIR] [--out FILE]
 
-Open question (2026-12-06): the same replay by hand (a `cp -a` copy, a shell loop revealing the
-batches, the same serve and client commands) gave p99 5.1-9.1 ms over five runs on one checkpoint,
-where this script gave 83.9 ms on that checkpoint and 35.7-42.7 on its own: something in how a
-replay is driven changes the following's cost; find it before trusting either figure.
+The output's load line says what else used the machine meanwhile (the service and the client are
+this script's children, so theirs does not count): a first output (2026-12-06 20:29, 35.7-42.7 ms
+following) had no such line and did not reproduce that evening (4.6-5.8 ms), nor did a replay by
+hand disagree with this script when the two ran back to back (decision 0044).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_queryable import frozen_copy, pct, service_ready  # noqa: E402
 from benchlib.child import run_child, script_argv  # noqa: E402
 from benchlib.inputs import write_update_files  # noqa: E402
-from benchlib.report import code_version, write_report  # noqa: E402
+from benchlib.report import code_version, provenance, watching_load, write_report  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent / "bench_queryable.py"
 KEYS, TOUCHED, SHOWN = 1_000_000, 10_000, 10  # batches 0-9 committed before the service starts
@@ -141,20 +141,24 @@ def main() -> int:
         batches = min(batches, len([p for p in (ckpt / "commits").iterdir() if p.name.isdigit()]))
     else:
         ckpt = build_checkpoint(work, batches)
+    results = []
+    with watching_load() as load:  # what else ran: the figures assume the other CPUs idle
+        for i in range(args.runs):
+            for follow in (True, False):
+                tag = f"{'following' if follow else 'static'}-{i + 1}"
+                load.phase = tag
+                results.append(one_run(ckpt, work, batches, tag, follow, args))
+                print(results[-1], file=sys.stderr, flush=True)
     lines = [
         f"# follow-latency probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "# command: .venv/bin/python scripts/" + " ".join([Path(__file__).name, *sys.argv[1:]]),
-        f"# code: {code}",
+        *provenance(code, load),
         f"# a checkpoint of {batches} batches of the queryable bench's query, replayed one batch every {INTERVAL} s "
         f"to `pystatestore serve` on CPU {args.cpus} with the client there too, 3,000 lookups/s offered for "
-        f"{args.seconds:g} s a run; the other CPUs idle",
+        f"{args.seconds:g} s a run; meant with the other CPUs idle (the load line says whether they were)",
         "",
+        *results,
     ]
-    for i in range(args.runs):
-        for follow in (True, False):
-            tag = f"{'following' if follow else 'static'}-{i + 1}"
-            lines.append(one_run(ckpt, work, batches, tag, follow, args))
-            print(lines[-1], file=sys.stderr, flush=True)
     write_report("\n".join(lines) + "\n", args.out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
