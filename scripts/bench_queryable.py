@@ -49,8 +49,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +57,7 @@ from benchlib.child import hidden_options, result_line, run_child, script_argv
 from benchlib.inputs import write_update_files
 from benchlib.providers import sql_conf
 from benchlib.report import code_version, provenance, watching_load, write_report
+from benchlib.serving import answered_ms, asker_child, frozen_copy, pct, service_ready
 
 RUN = "pss-changelog"  # benchlib.providers' name of pystatestore's defaults
 PARTITIONS = 4
@@ -78,97 +77,6 @@ def query_child(args: argparse.Namespace) -> None:
     run_count_until(spark, args.input, args.checkpoint, args.minutes, "bench_queryable", trigger=TRIGGER)
     progress.close()
     spark.stop()
-
-
-# -- the asking client (another process) ------------------------------------------------------
-class KeepAlive:
-    """One keep-alive HTTP/1.1 connection, lean so the client takes little of the 2 cores the query
-    and the service need: each GET written as bytes, each response read by httptools (the parser
-    uvicorn uses, installed with the serve extra). http.client costs about 85 us of CPU a request
-    here, this about a quarter of it."""
-
-    def __init__(self, port: int) -> None:
-        import httptools
-
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = httptools.HttpResponseParser(self)
-        self.body: list[bytes] = []
-        self.complete = False
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        self.body, self.complete = [], False
-        self.sock.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        while not self.complete:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the service closed the connection")
-            self.parser.feed_data(data)
-        return self.parser.get_status_code(), b"".join(self.body)
-
-
-def asker_child(args: argparse.Namespace) -> None:
-    """Asks for random keys over --connections keep-alive connections (a thread each) until
-    --seconds pass, each connection on its own schedule of --rate / --connections lookups a second
-    (--rate 0: the next as soon as an answer came); writes (due time, latency s, batch, found,
-    status) per answer, the latency counted from when the lookup was due."""
-    answers: list[tuple[float, float, int, bool, int]] = []
-    errors: list[str] = []
-    connections = int(args.connections)
-    interval = connections / float(args.rate) if float(args.rate) > 0 else 0.0
-    deadline = time.time() + float(args.seconds)
-
-    def ask(seed: int) -> None:
-        rnd = random.Random(seed)
-        conn = KeepAlive(int(args.port))
-        mine = []
-        # perf_counter schedules the sends; the wall clock names them, to match the query's batches
-        wall_offset = time.time() - time.perf_counter()
-        due = time.perf_counter() + interval * seed / connections  # connections spread over an interval
-        while due + wall_offset < deadline:
-            if interval:
-                wait = due - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-            else:
-                due = time.perf_counter()
-            key = rnd.randrange(args.keys * 10 // 9)  # a tenth of the keys asked for were never written
-            path = "/v1/state?key=" + urllib.parse.quote(json.dumps({"key": key}))
-            status, body = conn.get(path)
-            latency = time.perf_counter() - due
-            batch, found = -1, False
-            if status == 200:
-                parsed = json.loads(body)
-                batch, found = parsed["batch"], parsed["found"]
-                if found != (key < args.keys):
-                    errors.append(f"key {key}: found={found}, but it was {'' if key < args.keys else 'never '}written")
-            mine.append((due + wall_offset, latency, batch, found, status))
-            due += interval
-        answers.extend(mine)
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise SystemExit(f"wrong answers: {errors[:5]}")
-    Path(args.out).write_text(json.dumps(sorted(answers)))
-
-
-def service_ready(port: int) -> bool:
-    """Whether `pystatestore serve` on `port` says every store is open (GET /healthz)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            return bool(json.loads(r.read()).get("ready"))
-    except OSError:
-        return False
 
 
 class ServiceWatcher:
@@ -256,21 +164,6 @@ class ServiceWatcher:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-
-
-def frozen_copy(checkpoint: Path, dest: Path, batches: int) -> None:
-    """A copy of `checkpoint` whose commit log shows only its first `batches` batches; files the
-    query wrote or deleted during the copy belong to later versions, which the copy never serves."""
-    shutil.rmtree(dest, ignore_errors=True)
-    try:
-        shutil.copytree(checkpoint, dest)
-    except shutil.Error:
-        pass  # a file of a later version written or GC'd under the copy
-    for log in ("commits", "offsets"):
-        for entry in (dest / log).iterdir():
-            batch = entry.name.lstrip(".").removesuffix(".crc")
-            if batch.isdigit() and int(batch) >= batches:
-                entry.unlink()
 
 
 # -- the anchor: Spark's own state reader -------------------------------------------------------
@@ -362,11 +255,6 @@ def cpu_set(spec: str) -> set[int]:
     return cpus
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=3.0, help="how long each run's query runs")
@@ -444,12 +332,11 @@ def main() -> int:
     alone = medians("alone")
     asked_runs = [r for tag, r in runs if tag.startswith("asked")]
     answers = [a for r in asked_runs for a in r["answers"]]
-    ok = [a for a in answers if a[4] == 200]
-    latencies_ms = [a[1] * 1000 for a in ok]
+    latencies_ms = answered_ms(answers)
     # the client asks from the service's readiness (every store open) until just before the query ends
     seconds = sum(r["answers"][-1][0] - r["answers"][0][0] for r in asked_runs if r["answers"])
     all_lags = [lag for r in asked_runs for lag in lags(r["answers"], r["batches"])]
-    failed = len(answers) - len(ok)
+    failed = len(answers) - len(latencies_ms)
     offered = "as fast as answers come" if not args.rate else f"{args.rate:,.0f} lookups/s offered in all"
     lines = [
         f"# pystatestore queryable-state bench, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -474,7 +361,8 @@ def main() -> int:
     ]
     if answers:
         lines += [
-            f"lookups: {len(ok):,} answered in {seconds:.0f} s ({len(ok) / seconds:,.0f}/s), {failed} failed",
+            f"lookups: {len(latencies_ms):,} answered in {seconds:.0f} s ({len(latencies_ms) / seconds:,.0f}/s), "
+            f"{failed} failed",
             f"latency at the client: p50 {pct(latencies_ms, 0.5):.3f} ms, p99 {pct(latencies_ms, 0.99):.3f} ms, "
             f"max {max(latencies_ms):.1f} ms",
         ]
@@ -482,9 +370,7 @@ def main() -> int:
             lines.append(
                 "latency p99 by run: "
                 + ", ".join(
-                    f"{tag} {pct([a[1] * 1000 for a in r['answers'] if a[4] == 200], 0.99):.3f} ms"
-                    for tag, r in runs
-                    if tag.startswith("asked")
+                    f"{tag} {pct(answered_ms(r['answers']), 0.99):.3f} ms" for tag, r in runs if tag.startswith("asked")
                 )
             )
         lines += [
@@ -493,14 +379,11 @@ def main() -> int:
         ]
     frozen_runs = [(tag, r) for tag, r in runs if tag.startswith("frozen") and r["answers"]]
     if frozen_runs:
-        frozen_ms = [a[1] * 1000 for _, r in frozen_runs for a in r["answers"] if a[4] == 200]
+        frozen_ms = [ms for _, r in frozen_runs for ms in answered_ms(r["answers"])]
         lines.append(
             f"latency at the client, serving a frozen copy (nothing to follow): p50 {pct(frozen_ms, 0.5):.3f} ms, "
             f"p99 {pct(frozen_ms, 0.99):.3f} ms, max {max(frozen_ms):.1f} ms; p99 by run: "
-            + ", ".join(
-                f"{tag} {pct([a[1] * 1000 for a in r['answers'] if a[4] == 200], 0.99):.3f} ms"
-                for tag, r in frozen_runs
-            )
+            + ", ".join(f"{tag} {pct(answered_ms(r['answers']), 0.99):.3f} ms" for tag, r in frozen_runs)
         )
     lines.append(
         f"query median batch ms (batches after the first {WARMUP_BATCHES}): "

@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_queryable import frozen_copy, pct, service_ready  # noqa: E402
 from benchlib.child import run_child, script_argv  # noqa: E402
 from benchlib.inputs import write_update_files  # noqa: E402
 from benchlib.report import code_version, provenance, watching_load, write_report  # noqa: E402
+from benchlib.serving import frozen_copy, pct, service_ready  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent / "bench_queryable.py"
 KEYS, TOUCHED, SHOWN = 1_000_000, 10_000, 10  # batches 0-9 committed before the service starts
