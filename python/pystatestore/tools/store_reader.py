@@ -283,20 +283,21 @@ class StoreReader:
             result = self.backend.load(version, None, cid)
             assert result.frame is not None
             return frames.buffer_to_state(result.frame)
-        return open_read_only(self.checkpoint_version(version, name, checkpoint_id), options)
+        return open_read_only(self.checkpoint_version(version, name, checkpoint_id)[0], options)
 
     @property
     def reads_frames(self) -> bool:
         """Whether the store's backend restores to an in-memory frame (no RocksDB to checkpoint)."""
         return self.backend.read_path == "frame"
 
-    def checkpoint_version(self, version: int, name: str, checkpoint_id: str | None = None) -> Path:
+    def checkpoint_version(self, version: int, name: str, checkpoint_id: str | None = None) -> tuple[Path, str]:
         """`version` restored into this reader's local DB (RocksDB backends), left as a checkpoint of
-        it at scratch directory `name` (new), not opened: another process may open it."""
+        it at scratch directory `name` (new), not opened: another process may open it. With the
+        manifest id of the attempt restored."""
         cid = checkpoint_id if checkpoint_id is not None else self.attempts.get(version)
         view = self.scratch_dir / name
-        self.backend.load(version, str(view), cid)
-        return view
+        loaded = self.backend.load(version, str(view), cid)
+        return view, loaded.manifest_id
 
     @property
     def scratch_dir(self) -> Path:

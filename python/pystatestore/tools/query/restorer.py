@@ -25,7 +25,8 @@ from typing import Any
 from ...store import errors
 from ...store.errors import StateStoreError
 from ..checkpoint import StoreLocation
-from .versions import OpenVersion, StoreFollower, open_restored
+from .layers import Changed, ViewAt
+from .versions import OpenVersion, Restored, StoreFollower, Tip, open_restored
 
 RESTORE_NICENESS = 10
 StoreKey = tuple[str, str]  # (store uri, the follower's own name: a client may follow a store twice)
@@ -42,15 +43,18 @@ class RestoreProcess:
         self._discarded: deque[str] = deque()  # version directories closed here, for the child to remove
 
     def restore(
-        self, key: StoreKey, location: StoreLocation, version: int, checkpoint_id: str | None
-    ) -> tuple[Path, tuple[str, str, str]] | None:
-        """The checkpoint directory of `location` at `version` and its schemas; None when the store's
-        backend keeps no RocksDB (it is read in this process)."""
-        reply = self._ask(("restore", key, location, version, checkpoint_id), location, version)
+        self, key: StoreKey, location: StoreLocation, version: int, checkpoint_id: str | None, since: ViewAt | None
+    ) -> Changed | Restored | None:
+        """`location` at `version` (StoreFollower.advance): the changes after `since`, or its
+        checkpoint directory, schemas and manifest id; None when the store's backend keeps no
+        RocksDB (it is read in this process)."""
+        reply = self._ask(("restore", key, location, version, checkpoint_id, since), location, version)
         if reply[0] == "frames":
             return None
-        _, path, schemas = reply
-        return Path(path), schemas
+        if reply[0] == "changes":
+            return reply[1]
+        _, path, schemas, manifest_id = reply
+        return Path(path), schemas, manifest_id
 
     def discard(self, path: Path) -> None:
         """Has the child remove a version directory this process closed: its unlinks would otherwise
@@ -162,24 +166,29 @@ class ProcessFollower:
         self._key: StoreKey = (location.uri, f"{id(self):x}")
         self._local: StoreFollower | None = None  # a store read in this process (frame backends)
         self._lock = threading.Lock()
+        self._tip = Tip()
         self.version = 0
 
     def open(self, version: int, checkpoint_id: str | None = None) -> OpenVersion:
         with self._lock:
             if self._local is None:
-                restored = self._restores.restore(self._key, self.location, version, checkpoint_id)
-                if restored is None:
+                step = self._restores.restore(self._key, self.location, version, checkpoint_id, self._tip.since())
+                if step is None:
                     self._local = StoreFollower(self.location, self._scratch, self._options_factory)
             if self._local is not None:
                 opened = self._local.open(version, checkpoint_id)
                 self.version = version
                 return opened
-            path, schemas = restored
             self.version = version
-        return open_restored(self.location, version, path, schemas, self._options_factory, self._restores.discard)
+            if isinstance(step, Changed):
+                return self._tip.changed(version, step)
+            path, schemas, manifest_id = step
+            opened = open_restored(self.location, version, path, schemas, self._options_factory, self._restores.discard)
+            return self._tip.restored(opened, manifest_id)
 
     def close(self) -> None:
         with self._lock:
+            self._tip.close()
             if self._local is not None:
                 self._local.close()
             else:
@@ -213,7 +222,7 @@ def serve_restores(conn: Any, scratch: str) -> None:
                     follower.close()
                 conn.send(("ok",))
                 continue
-            _, key, location, version, checkpoint_id = request
+            _, key, location, version, checkpoint_id, since = request
             try:
                 follower = followers.get(key)
                 if follower is None:
@@ -222,8 +231,12 @@ def serve_restores(conn: Any, scratch: str) -> None:
                     followers.pop(key).close()
                     conn.send(("frames",))
                     continue
-                path, schemas = follower.restore(version, checkpoint_id)
-                conn.send(("ok", str(path), schemas))
+                step = follower.advance(version, checkpoint_id, since)
+                if isinstance(step, Changed):
+                    conn.send(("changes", step))
+                    continue
+                path, schemas, manifest_id = step
+                conn.send(("ok", str(path), schemas, manifest_id))
             except Exception as e:  # noqa: BLE001 - every failure goes back to the asker, named
                 conn.send(("error", _described(e)))
     finally:
