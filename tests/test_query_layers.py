@@ -1,5 +1,5 @@
 """A followed store's versions served as a restored base with the changes after it held in memory
-(tools/query/layers.py, decision 0045). The referee is the input: the puts and deletes this test
+(tools/query/layers.py, decision 0046). The referee is the input: the puts and deletes this test
 committed, version by version, applied to a plain dict. Every version a follower opens, layered or
 restored, in this process or through the restore process, must answer every key, a batch of keys
 and a prefix scan as that dict says; and a version the layers cannot stand for (another attempt of

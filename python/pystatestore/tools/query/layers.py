@@ -1,4 +1,4 @@
-"""Versions served as a restored base plus the changes after it, held in memory (decision 0045).
+"""Versions served as a restored base plus the changes after it, held in memory (decision 0046).
 
 Bringing a store's local DB to each new batch and leaving a checkpoint of it costs RocksDB's own
 disk syncs (an ingest's, the manifest's, the checkpoint's: about 9 a store a batch), and the kernel
