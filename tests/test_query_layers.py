@@ -16,7 +16,7 @@ import pytest
 from backend_support import changes, commit, make_backend, materialize_if_due
 from pystatestore.tools.checkpoint import StoreLocation
 from pystatestore.tools.query import layers
-from pystatestore.tools.query.layers import ViewAt, changes_since
+from pystatestore.tools.query.layers import LayerBudget, ViewAt, changes_since
 from pystatestore.tools.query.restorer import ProcessFollower, RestoreProcess
 from pystatestore.tools.query.versions import StoreFollower
 from pystatestore.tools.store_reader import StoreReader
@@ -138,3 +138,37 @@ def test_a_follower_that_skips_versions_layers_all_they_changed_within_the_bound
             opened.release()
         finally:
             f.close()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_followers_of_one_client_share_one_layer_budget(tmp_path: Path, kind: str) -> None:
+    """Two followers (a client following two stores) under a budget that holds about three
+    versions' changes: together they never hold more, each restores when its next version would
+    pass it, and every answer stays as the input says."""
+    states = write_store(tmp_path / "store", tmp_path / "w", {}, min_deltas=1000)
+    location = StoreLocation(0, 1, "default", f"file:{tmp_path / 'store'}")
+    budget = LayerBudget(5000)  # each version's changes are about 1,500 bytes
+    (tmp_path / "scratch").mkdir()
+    restores = RestoreProcess(str(tmp_path / "scratch")) if kind == "process" else None
+    followers = [
+        ProcessFollower(location, restores, str(tmp_path / "scratch"), budget=budget)
+        if restores is not None
+        else StoreFollower(location, str(tmp_path / "scratch"), budget=budget)
+        for _ in range(2)
+    ]
+    depths: list[int] = []
+    try:
+        for v in range(1, VERSIONS + 1):
+            for f in followers:
+                opened = f.open(v)
+                depths.append(len(opened.layers))
+                answers_as_input(opened, states[v])
+                opened.release()
+                assert budget.held() <= budget.limit
+    finally:
+        for f in followers:
+            f.close()
+        if restores is not None:
+            restores.close()
+    assert budget.held() == 0  # closed followers hold nothing
+    assert max(depths) >= 1 and depths.count(0) >= 6, depths  # layered, and restored at the budget

@@ -32,6 +32,7 @@ from ..checkpoint import (
     query_id_of,
 )
 from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
+from .layers import LayerBudget
 from .layout import Layout, partitions_of_conf, shared_cache_options
 from .questions import Questions, schema_info
 from .restorer import ProcessFollower, RestoreProcess
@@ -78,6 +79,7 @@ class StateClient:
         self._fs, self._root = filesystem_for(self.uri)
         self._scratch = scratch
         self._options = shared_cache_options(cache_mib)
+        self._layer_budget = LayerBudget()  # versions served from their changes, across every store (0046)
         self._history_limit = history_batches
         self._restores = RestoreProcess(scratch) if restore_in == "process" else None
         self._lock = threading.RLock()
@@ -303,8 +305,8 @@ class StateClient:
 
     def _new_follower(self, location: StoreLocation) -> Follower:
         if self._restores is not None:
-            return ProcessFollower(location, self._restores, self._scratch, self._options)
-        return StoreFollower(location, self._scratch, self._options)
+            return ProcessFollower(location, self._restores, self._scratch, self._options, self._layer_budget)
+        return StoreFollower(location, self._scratch, self._options, self._layer_budget)
 
     def _attempt_of(self, store: StoreId, version: int) -> str | None:
         """Checkpoint format v2: the attempt of `version` the commit log names."""

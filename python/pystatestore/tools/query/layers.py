@@ -14,6 +14,7 @@ leave between them."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,23 +25,53 @@ from ...store.errors import CheckpointDamagedError, CheckpointMissingError
 ChangeLayer = dict[bytes, bytes | None]  # a version's changes by stored key; None: deleted
 MAX_LAYERS = 16  # versions served from memory before the next is restored: bounds a lookup's dict probes
 MAX_LAYER_BYTES = 32 << 20  # key and value bytes held in layers of one store before the next restore
+CLIENT_LAYER_BYTES = 256 << 20  # the same across every store one client follows (200 partitions, say)
 ABSENT = object()
 
 
 @dataclass(frozen=True)
 class ViewAt:
-    """The version a follower serves, as the checkpoint names it, and what its layers hold."""
+    """The version a follower serves, as the checkpoint names it, what its layers hold, and (when
+    the follower shares a LayerBudget) how many more bytes the client's layers may take."""
 
     version: int
     manifest_id: str
     layers: int = 0
     layer_bytes: int = 0
+    budget: int | None = None
 
     def room(self) -> int:
         """Bytes of changes the next version may still add in layers (0: restore it instead)."""
         if self.layers >= MAX_LAYERS:
             return 0
-        return max(0, MAX_LAYER_BYTES - self.layer_bytes)
+        room = MAX_LAYER_BYTES - self.layer_bytes
+        return max(0, room if self.budget is None else min(room, self.budget))
+
+
+class LayerBudget:
+    """The bytes of changes held in layers across the followers of one client: a follower whose
+    next version would pass `limit` restores it instead, which lets go of its own layers."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = CLIENT_LAYER_BYTES if limit is None else limit
+        self._held: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, holder: object, nbytes: int) -> None:
+        """`holder` (a follower's tip) now holds `nbytes` in layers."""
+        with self._lock:
+            if nbytes:
+                self._held[id(holder)] = nbytes
+            else:
+                self._held.pop(id(holder), None)
+
+    def room(self) -> int:
+        with self._lock:
+            return max(0, self.limit - sum(self._held.values()))
+
+    def held(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
 
 
 @dataclass(frozen=True)
@@ -129,4 +160,13 @@ def layered_items(
             yield k, new
 
 
-__all__ = ["MAX_LAYERS", "MAX_LAYER_BYTES", "Changed", "ChangeLayer", "ViewAt", "changes_since"]
+__all__ = [
+    "CLIENT_LAYER_BYTES",
+    "MAX_LAYERS",
+    "MAX_LAYER_BYTES",
+    "ChangeLayer",
+    "Changed",
+    "LayerBudget",
+    "ViewAt",
+    "changes_since",
+]

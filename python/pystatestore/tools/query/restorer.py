@@ -25,7 +25,7 @@ from typing import Any
 from ...store import errors
 from ...store.errors import StateStoreError
 from ..checkpoint import StoreLocation
-from .layers import Changed, ViewAt
+from .layers import Changed, LayerBudget, ViewAt
 from .versions import OpenVersion, Restored, StoreFollower, Tip, open_restored
 
 RESTORE_NICENESS = 10
@@ -157,7 +157,12 @@ class ProcessFollower:
     opened here, read-only, from the checkpoint directory the child made."""
 
     def __init__(
-        self, location: StoreLocation, restores: RestoreProcess, scratch: str | None, options_factory: Any = None
+        self,
+        location: StoreLocation,
+        restores: RestoreProcess,
+        scratch: str | None,
+        options_factory: Any = None,
+        budget: LayerBudget | None = None,
     ) -> None:
         self.location = location
         self._restores = restores
@@ -166,7 +171,8 @@ class ProcessFollower:
         self._key: StoreKey = (location.uri, f"{id(self):x}")
         self._local: StoreFollower | None = None  # a store read in this process (frame backends)
         self._lock = threading.Lock()
-        self._tip = Tip()
+        self._budget = budget
+        self._tip = Tip(budget)
         self.version = 0
 
     def open(self, version: int, checkpoint_id: str | None = None) -> OpenVersion:
@@ -174,7 +180,7 @@ class ProcessFollower:
             if self._local is None:
                 step = self._restores.restore(self._key, self.location, version, checkpoint_id, self._tip.since())
                 if step is None:
-                    self._local = StoreFollower(self.location, self._scratch, self._options_factory)
+                    self._local = StoreFollower(self.location, self._scratch, self._options_factory, self._budget)
             if self._local is not None:
                 opened = self._local.open(version, checkpoint_id)
                 self.version = version

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,7 +18,7 @@ from ..checkpoint import StoreLocation
 from ..families import REGISTRY_ID, Family, family_prefix, registry
 from ..store_reader import StoreReader, open_read_only
 from ..unsafe_row import SparkType, parse_schema
-from .layers import ABSENT, Changed, ChangeLayer, ViewAt, changes_since, layered_get, layered_items
+from .layers import ABSENT, Changed, ChangeLayer, LayerBudget, ViewAt, changes_since, layered_get, layered_items
 
 
 class OpenDB:
@@ -201,13 +202,16 @@ class Tip:
     """The newest version a follower served, held (one reference) so that the next can be served
     on its DB with the changes after it on top (layers.py), and where it stands."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: LayerBudget | None = None) -> None:
         self._opened: OpenVersion | None = None
         self.at: ViewAt | None = None
+        self._budget = budget
 
     def since(self) -> ViewAt | None:
         """What the next version may be served on, if anything."""
-        return self.at if self._opened is not None else None
+        if self._opened is None or self.at is None:
+            return None
+        return self.at if self._budget is None else replace(self.at, budget=self._budget.room())
 
     def changed(self, version: int, step: Changed) -> OpenVersion:
         """`version` served as the tip with `step`'s changes on top."""
@@ -222,13 +226,17 @@ class Tip:
 
     def _keep(self, opened: OpenVersion, at: ViewAt) -> OpenVersion:
         opened.acquire()
-        old, self._opened, self.at = self._opened, opened, at
+        old, self._opened, self.at = self._opened, opened, replace(at, budget=None)
+        if self._budget is not None:
+            self._budget.hold(self, at.layer_bytes)
         if old is not None:
             old.release()
         return opened
 
     def close(self) -> None:
         old, self._opened, self.at = self._opened, None, None
+        if self._budget is not None:
+            self._budget.hold(self, 0)
         if old is not None:
             old.release()
 
@@ -239,7 +247,14 @@ class StoreFollower:
     the DB's version), each left as an OpenVersion. Versions must be asked for in order; an older
     one needs a follower of its own."""
 
-    def __init__(self, location: StoreLocation, scratch: str | None, options_factory: Any = None) -> None:
+    def __init__(
+        self,
+        location: StoreLocation,
+        scratch: str | None,
+        options_factory: Any = None,
+        budget: LayerBudget | None = None,
+    ) -> None:
+        """`budget`: the layer bytes shared with the client's other followers."""
         self.location = location
         self.reader = StoreReader(location, scratch)
         self._options_factory = options_factory
@@ -247,7 +262,7 @@ class StoreFollower:
         self._opened = 0
         self.version = 0  # the newest version opened
         self._schemas: tuple[str, str, str] | None = None
-        self._tip = Tip()
+        self._tip = Tip(budget)
 
     def open(self, version: int, checkpoint_id: str | None = None) -> OpenVersion:
         """`version` opened: the last version served with its changes on top, or its own
