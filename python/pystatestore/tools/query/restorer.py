@@ -26,7 +26,7 @@ from ...store import errors
 from ...store.errors import StateStoreError
 from ..checkpoint import StoreLocation
 from .layers import Changed, LayerBudget, ViewAt
-from .versions import OpenVersion, Restored, StoreFollower, Tip, open_restored
+from .versions import OpenVersion, Restored, StoreFollower, Tip
 
 RESTORE_NICENESS = 10
 StoreKey = tuple[str, str]  # (store uri, the follower's own name: a client may follow a store twice)
@@ -186,11 +186,7 @@ class ProcessFollower:
                 self.version = version
                 return opened
             self.version = version
-            if isinstance(step, Changed):
-                return self._tip.changed(version, step)
-            path, schemas, manifest_id = step
-            opened = open_restored(self.location, version, path, schemas, self._options_factory, self._restores.discard)
-            return self._tip.restored(opened, manifest_id)
+            return self._tip.serve(self.location, version, step, self._options_factory, self._restores.discard)
 
     def close(self) -> None:
         with self._lock:

@@ -116,8 +116,6 @@ class OpenVersion:
         return None if value is None else bytes(value)
 
     def get_many(self, stored_keys: list[bytes]) -> list[bytes | None]:
-        if not stored_keys:
-            return []
         if self.layers:
             changed = [layered_get(self.layers, k) for k in stored_keys]
             unchanged = [k for k, c in zip(stored_keys, changed, strict=True) if c is ABSENT]
@@ -224,9 +222,24 @@ class Tip:
         """A restored version, the base of those after it."""
         return self._keep(opened, ViewAt(opened.version, manifest_id))
 
+    def serve(
+        self,
+        location: StoreLocation,
+        version: int,
+        step: Changed | Restored,
+        options_factory: Any,
+        discard: Callable[[Path], None] | None = None,
+    ) -> OpenVersion:
+        """`version` as a follower's advance left it: built on the tip, or its restored directory
+        opened read-only (removed by `discard` once closed) as the new tip."""
+        if isinstance(step, Changed):
+            return self.changed(version, step)
+        path, schemas, manifest_id = step
+        return self.restored(open_restored(location, version, path, schemas, options_factory, discard), manifest_id)
+
     def _keep(self, opened: OpenVersion, at: ViewAt) -> OpenVersion:
         opened.acquire()
-        old, self._opened, self.at = self._opened, opened, replace(at, budget=None)
+        old, self._opened, self.at = self._opened, opened, at
         if self._budget is not None:
             self._budget.hold(self, at.layer_bytes)
         if old is not None:
@@ -275,12 +288,7 @@ class StoreFollower:
                 self.version = version
                 return OpenVersion(self.location, version, db, None, self._schemas_of(version, checkpoint_id))
             step = self.advance(version, checkpoint_id, self._tip.since())
-            if isinstance(step, Changed):
-                return self._tip.changed(version, step)
-            path, schemas, manifest_id = step
-            return self._tip.restored(
-                open_restored(self.location, version, path, schemas, self._options_factory), manifest_id
-            )
+            return self._tip.serve(self.location, version, step, self._options_factory)
 
     def advance(self, version: int, checkpoint_id: str | None, since: ViewAt | None) -> Changed | Restored:
         """`version` as the changes after `since` (the version the asker serves), when they can be
