@@ -28,9 +28,9 @@ import pyarrow as pa
 
 from backend_support import changes, make_backend, materialize_if_due, state_of
 from power_cut import KINDS, Image, RecordingDisk, crash_image, disk_tree
+from pystatestore.reading.checkpoint import open_checkpoint
 from pystatestore.store import frames, local_disk
 from pystatestore.store.backends import StateBackend
-from pystatestore.tools.checkpoint import open_checkpoint
 from pystatestore.tools.verification import verify_checkpoint
 from referee import judge_store
 

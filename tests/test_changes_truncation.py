@@ -11,9 +11,9 @@ import pytest
 
 import referee
 from backend_support import changes, commit, make_backend, materialize_if_due, state_of
+from pystatestore.reading.checkpoint import SparkCheckpoint, StoreLocation
+from pystatestore.reading.store_reader import StoreReader
 from pystatestore.store.errors import StoreConfigError
-from pystatestore.tools.checkpoint import SparkCheckpoint, StoreLocation
-from pystatestore.tools.store_reader import StoreReader
 from pystatestore.tools.verification import verify_checkpoint
 
 # Every segment in a file of its own, every snapshot a RocksDB checkpoint.

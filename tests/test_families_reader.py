@@ -1,4 +1,4 @@
-"""The offline reader of column families (tools/families.py) on stored bytes laid out by hand as the
+"""The offline reader of column families (reading/families.py) on stored bytes laid out by hand as the
 JVM lays them out (decision 0027): the registry, each key layout after the 2-byte family id, lists
 of several values with their zero padding, and damaged lists. Spark's own reads of a real
 transformWithState checkpoint are compared in tests/test_transform_with_state.py."""
@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from pystatestore.tools.families import Family, family_counts, family_prefix, registry
-from pystatestore.tools.unsafe_row import RowDecodeError, SchemaError, decode_row, parse_schema
+from pystatestore.reading.families import Family, family_counts, family_prefix, registry
+from pystatestore.reading.unsafe_row import RowDecodeError, SchemaError, decode_row, parse_schema
 
 
 def long_row(v: int) -> bytes:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import referee
 from backend_support import changes, commit, make_backend, materialize_if_due, state_of
-from pystatestore.tools.checkpoint import SparkCheckpoint, StoreLocation
-from pystatestore.tools.store_reader import StoreReader
+from pystatestore.reading.checkpoint import SparkCheckpoint, StoreLocation
+from pystatestore.reading.store_reader import StoreReader
 from pystatestore.tools.verification import verify_checkpoint
 
 

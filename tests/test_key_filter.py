@@ -1,4 +1,4 @@
-"""A scan's byte test of a key (`tools/query/key_filter.py`) never rejects a key the decoded match
+"""A scan's byte test of a key (`queryable/key_filter.py`) never rejects a key the decoded match
 accepts, and does reject keys whose integer or string columns differ. The referee is the decoded
 match the scan applied to every key before (decode the row, then compare values)."""
 
@@ -10,10 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pystatestore.tools.query.key_filter import key_prefilter
-from pystatestore.tools.query.values import row_json
+from pystatestore.queryable.key_filter import key_prefilter
+from pystatestore.queryable.values import row_json
+from pystatestore.reading.unsafe_row import decode_row, encode_row, parse_schema
 from pystatestore.tools.state_rows import key_matches
-from pystatestore.tools.unsafe_row import decode_row, encode_row, parse_schema
 
 # Every kind the filter treats (integers of each width, strings) and some it leaves to the decoder.
 SCHEMA = parse_schema(

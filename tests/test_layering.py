@@ -1,8 +1,11 @@
 """The package layout is the architecture (docs/ARCHITECTURE.md §1): keep its layering.
 
 - `pystatestore.store` (format and storage engine) imports neither `worker` nor `tools`;
-- `pystatestore.worker` (the process the JVM talks to) and `pystatestore.tools` (offline tools)
-  import `store`, not each other;
+- `pystatestore.worker` (the process the JVM talks to) imports `store` only;
+- `pystatestore.reading` (a checkpoint read without Spark) imports `store`; `pystatestore.queryable`
+  (the service that answers beside a running query) imports `reading` and `store`;
+  `pystatestore.tools` (the `pystatestore` command) all three; none of them imports `worker`, and
+  `worker` none of them;
 - nothing below the top imports the public facade (`pystatestore/__init__`); the leaf modules
   (`release`, `spark_minors`) import nothing of the package, so every layer may use them;
 - no import circle, inside a layer or across: a module in a circle cannot be read, tested or changed
@@ -29,7 +32,9 @@ LEAVES = {"release", "spark_minors"}
 ALLOWED = {
     "store": {"leaf"},
     "worker": {"store", "leaf"},
-    "tools": {"store", "leaf"},
+    "reading": {"store", "leaf"},
+    "queryable": {"reading", "store", "leaf"},
+    "tools": {"queryable", "reading", "store", "leaf"},
     "leaf": set(),
 }
 
@@ -161,7 +166,7 @@ def layout_copy(tmp_path: Path, sources: dict[str, str]) -> Path:
 
 def test_every_module_belongs_to_a_part() -> None:
     parts = {part_of(module_name(p, PACKAGE_DIR)) for p in PACKAGE_DIR.rglob("*.py")}
-    assert parts <= {"facade", "leaf", "store", "worker", "tools"}, parts
+    assert parts <= {"facade", "leaf", "store", "worker", "reading", "queryable", "tools"}, parts
 
 
 def test_the_layers_import_only_downward() -> None:
@@ -176,7 +181,9 @@ def test_no_module_imports_itself_back() -> None:
     ("where", "source", "expected"),
     [
         ("store/remote.py", "from ..worker import service\n", "store imports pystatestore.worker.service (worker)"),
-        ("store/backends/base.py", "from ...tools.checkpoint import x\n", "store imports pystatestore.tools"),
+        ("store/backends/base.py", "from ...reading.checkpoint import x\n", "store imports pystatestore.reading"),
+        ("reading/checkpoint.py", "from ..queryable import client\n", "reading imports pystatestore.queryable.client"),
+        ("queryable/client.py", "from ..tools.report import x\n", "queryable imports pystatestore.tools.report"),
         ("store/manifest.py", "import pystatestore.tools.cli\n", "store imports pystatestore.tools.cli (tools)"),
         ("tools/report.py", "from pystatestore.worker.service import X\n", "tools imports pystatestore.worker"),
         ("worker/service.py", "def f():\n    from ..tools import cli\n", "worker imports pystatestore.tools.cli"),

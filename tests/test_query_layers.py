@@ -1,5 +1,5 @@
 """A followed store's versions served as a restored base with the changes after it held in memory
-(tools/query/layers.py, decision 0046). The referee is the input: the puts and deletes this test
+(queryable/layers.py, decision 0046). The referee is the input: the puts and deletes this test
 committed, version by version, applied to a plain dict. Every version a follower opens, layered or
 restored, in this process or through the restore process, must answer every key, a batch of keys
 and a prefix scan as that dict says; and a version the layers cannot stand for (another attempt of
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from backend_support import changes, commit, make_backend, materialize_if_due
-from pystatestore.tools.checkpoint import StoreLocation
-from pystatestore.tools.query import layers
-from pystatestore.tools.query.layers import LayerBudget, ViewAt, changes_since
-from pystatestore.tools.query.restorer import ProcessFollower, RestoreProcess
-from pystatestore.tools.query.versions import StoreFollower
-from pystatestore.tools.store_reader import StoreReader
+from pystatestore.queryable import layers
+from pystatestore.queryable.layers import LayerBudget, ViewAt, changes_since
+from pystatestore.queryable.restorer import ProcessFollower, RestoreProcess
+from pystatestore.queryable.versions import StoreFollower
+from pystatestore.reading.checkpoint import StoreLocation
+from pystatestore.reading.store_reader import StoreReader
 
 VERSIONS = 14
 KEYS = 300

@@ -28,11 +28,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from pystatestore.queryable import BatchGoneError, QuestionError, StateClient, versions
+from pystatestore.queryable.restorer import remove_discarded
+from pystatestore.queryable.server import ServeConfigError, check_binding, create_app
 from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.cli import main
-from pystatestore.tools.query import BatchGoneError, QuestionError, StateClient, versions
-from pystatestore.tools.query.restorer import remove_discarded
-from pystatestore.tools.query.server import ServeConfigError, check_binding, create_app
 from spark_support import OUR_PROVIDER, start_session
 from test_faults import worker_pids
 

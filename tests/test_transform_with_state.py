@@ -221,7 +221,7 @@ def test_pystatestore_read_reads_each_variable_as_the_state_reader_does(both_run
     """`pystatestore read --family NAME` decodes a variable's column family without Spark: its rows
     equal what Spark's state reader shows of it (a list's values one row each; a map's composite key
     of grouping key and user key shown as the reader shows it, two columns)."""
-    from pystatestore.tools.checkpoint import open_checkpoint
+    from pystatestore.reading.checkpoint import open_checkpoint
     from pystatestore.tools.state_rows import python_rows, read_state
     from test_cli import normal
 

@@ -13,8 +13,7 @@ import struct
 import pyarrow as pa
 import pytest
 
-from pystatestore.store.manifest import KEY_ENCODING_PREFIX
-from pystatestore.tools.unsafe_row import (
+from pystatestore.reading.unsafe_row import (
     RowDecodeError,
     SchemaError,
     StateRowDecoder,
@@ -22,6 +21,7 @@ from pystatestore.tools.unsafe_row import (
     decode_row,
     parse_schema,
 )
+from pystatestore.store.manifest import KEY_ENCODING_PREFIX
 
 
 def schema(*fields: tuple[str, object]) -> str:

@@ -31,7 +31,7 @@ from pystatestore.spark_minors import (
 def __getattr__(name: str) -> Any:
     # Loaded on first use: the state workers import this package too, and never need the client.
     if name == "StateClient":
-        from pystatestore.tools.query import StateClient
+        from pystatestore.queryable import StateClient
 
         return StateClient
     raise AttributeError(f"module 'pystatestore' has no attribute {name!r}")

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from pystatestore.tools.checkpoint import StoreLocation
-from pystatestore.tools.store_reader import StoreReader
+from pystatestore.reading.checkpoint import StoreLocation
+from pystatestore.reading.store_reader import StoreReader
 
 SUMMED = ("restoreMs", "restoreDownloadMs", "restoreIngestMs", "restoreReplayMs", "restoreOpenMs")
 

@@ -1,5 +1,5 @@
-"""Offline tools over a checkpoint: a Spark checkpoint's layout (checkpoint.py) and its stores read
-(store_reader.py), decoding Spark's rows (unsafe_row.py, spark_hash.py), key lookup, inspection and
-reports, and the `pystatestore` command (cli.py). They read through the storage layer and never
-run a worker.
+"""The `pystatestore` command (cli.py) and what its commands compute as plain data: inspection,
+verification, garbage-collection dry runs, disk usage, state rows, HTML reports, and the state
+rewrites (`migrate`, `repartition`). They read through `reading` and the storage layer and never run
+a worker; `serve` starts the queryable-state service (`queryable`).
 """

@@ -27,8 +27,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ..reading.checkpoint import SparkCheckpoint, open_checkpoint
 from ..store.errors import StateStoreError
-from .checkpoint import SparkCheckpoint, open_checkpoint
 
 # Lines are never broken inside a message (a path must stay one word); off a terminal, tables get
 # room for their columns rather than rich's default 80.

@@ -14,13 +14,15 @@ from typing import Any
 import click
 from rich.table import Table
 
+from ..reading.checkpoint import StoreLocation
+from ..reading.decoded import json_value, python_rows
+from ..reading.families import FamilyCount
+from ..reading.unsafe_row import unique_names
 from ..store.errors import StateStoreError
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
-from .checkpoint import StoreLocation
 from .cli_output import err, open_or_fail, out, progress_bars, size_text, utc_text
-from .families import FamilyCount
 from .inspection import KINDS, disk_usage, has_families, inspect_checkpoint, store_families, tree_as_json
-from .state_rows import json_value, python_rows, read_state, unique_names
+from .state_rows import read_state
 from .verification import gc_dry_run, verify_checkpoint
 
 

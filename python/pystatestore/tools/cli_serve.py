@@ -1,4 +1,4 @@
-"""`pystatestore serve`: the running query's state over HTTP (query/server.py), following its commit log."""
+"""`pystatestore serve`: the running query's state over HTTP (queryable/server.py), following its commit log."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def serve(
     from one committed batch it names, following the query as it commits. Never writes to the
     checkpoint."""
     try:
-        from .query.server import TOKEN_ENV, ServeConfigError, check_binding
-        from .query.server import serve as run_server
+        from ..queryable.server import TOKEN_ENV, ServeConfigError, check_binding
+        from ..queryable.server import serve as run_server
     except ImportError as e:  # pragma: no cover - depends on the install
         raise click.ClickException(
             f"the service needs its HTTP libraries ({e.name} is missing): pip install 'pystatestore[serve]'"
@@ -60,7 +60,7 @@ def serve(
         check_binding(host, token)
     except ServeConfigError as e:
         raise click.ClickException(str(e)) from None
-    from .query.client import StateClient
+    from ..queryable.client import StateClient
 
     try:
         client = StateClient(checkpoint, poll_seconds=poll_seconds, scratch=scratch, restore_in=restore_in)

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..reading.checkpoint import SparkCheckpoint, StoreLocation
+from ..reading.families import FamilyCount, family_counts
+from ..reading.store_reader import StoreReader
+from ..reading.unsafe_row import RowDecodeError, SchemaError
 from ..store.errors import StateStoreError
 from ..store.manifest import KEY_ENCODING_FAMILIES, MANIFEST_DIR, SNAPSHOT_DIR, Manifest, snapshot_of
-from .checkpoint import SparkCheckpoint, StoreLocation
-from .families import FamilyCount, family_counts
-from .store_reader import StoreReader
-from .unsafe_row import RowDecodeError, SchemaError
 
 # Called as work advances: (what, done, total); the command line draws progress bars with it.
 Progress = Callable[[str, int, int], None]

@@ -16,7 +16,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .checkpoint import SparkCheckpoint
+from ..reading.checkpoint import SparkCheckpoint
 from .inspection import Progress, StoreVersion, checkpoint_history, has_families, inspect_checkpoint, store_families
 from .verification import VerifyReport, verify_checkpoint
 

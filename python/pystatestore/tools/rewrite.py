@@ -156,7 +156,7 @@ def _publish_offsets(plan: RewritePlan) -> None:
 def _verify_our_stores(plan: RewritePlan) -> None:
     """`pystatestore verify --deep` of the new checkpoint: every store's new version restorable,
     every file and every payload stored inside a manifest matching its checksum."""
-    from .checkpoint import open_checkpoint
+    from ..reading.checkpoint import open_checkpoint
     from .verification import verify_checkpoint
 
     report = verify_checkpoint(open_checkpoint(str(plan.output)), deep=True)

@@ -28,17 +28,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ..reading.checkpoint import StoreLocation
+from ..reading.spark_hash import stored_key_hashes
+from ..reading.store_reader import StoreReader
+from ..reading.unsafe_row import RowDecodeError, SchemaError, parse_schema
 from ..spark_minors import CONF_PREFIX
 from ..store import frames
 from ..store.backends import BACKENDS, DEFAULT_BACKEND, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
 from ..store.remote import RemoteStore
-from .checkpoint import StoreLocation
 from .rewrite_plan import SCRATCH_DIR, Progress, RewriteError, RewritePlan, StoreKind, StoreResult, store_dir
-from .spark_hash import stored_key_hashes
-from .store_reader import StoreReader
-from .unsafe_row import RowDecodeError, SchemaError, parse_schema
 
 
 def store_options(conf: dict[str, str]) -> dict[str, str]:

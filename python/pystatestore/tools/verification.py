@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reading.checkpoint import SparkCheckpoint
+from ..reading.store_reader import StoreReader
 from ..store.errors import StateStoreError
 from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
 from ..store.remote import RemoteFile, join_uri
 from ..store.retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
-from .checkpoint import SparkCheckpoint
 from .inspection import KINDS, Progress, _no_progress
-from .store_reader import StoreReader
 
 
 # -- verify ----------------------------------------------------------------------------------

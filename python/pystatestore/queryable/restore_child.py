@@ -1,10 +1,10 @@
-"""The restore process's entry point (`python -m pystatestore.tools.query.restore_child FD SCRATCH`),
+"""The restore process's entry point (`python -m pystatestore.queryable.restore_child FD SCRATCH`),
 started by RestoreProcess: a module of its own, so running it does not import it twice."""
 
 import sys
 from multiprocessing.connection import Connection
 
-from pystatestore.tools.query.restorer import serve_restores
+from pystatestore.queryable.restorer import serve_restores
 
 if __name__ == "__main__":
     serve_restores(Connection(int(sys.argv[1])), sys.argv[2])

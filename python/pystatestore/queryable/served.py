@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ...store.errors import StateStoreError
+from ..store.errors import StateStoreError
 from .versions import OpenVersion
 
 StoreId = tuple[int, int, str]  # (operator, partition, store name)

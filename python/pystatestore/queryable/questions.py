@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...store.errors import StateStoreError
-from ...store.manifest import KEY_ENCODING_FAMILIES
-from ..families import Family, family_prefix
-from ..key_lookup import KeyValueError, ScanNeededError, router_for
-from ..state_rows import key_matches
-from ..unsafe_row import RowDecodeError, SchemaError, SparkType, decode_row, key_row_bytes, unique_names
+from ..reading.decoded import key_matches
+from ..reading.families import Family, family_prefix
+from ..reading.key_lookup import KeyValueError, ScanNeededError, router_for
+from ..reading.unsafe_row import RowDecodeError, SchemaError, SparkType, decode_row, key_row_bytes, unique_names
+from ..store.errors import StateStoreError
+from ..store.manifest import KEY_ENCODING_FAMILIES
 from .answers import Answer, Lookup, QuestionError, Scan
 from .key_filter import key_prefilter
 from .layout import Layout, Shape

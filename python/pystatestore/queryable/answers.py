@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.errors import CheckpointMissingError, StateStoreError
+from ..store.errors import CheckpointMissingError, StateStoreError
 
 
 class QuestionError(StateStoreError):

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ...store import frames
-from ...store.errors import CheckpointDamagedError, CheckpointMissingError
+from ..store import frames
+from ..store.errors import CheckpointDamagedError, CheckpointMissingError
 
 ChangeLayer = dict[bytes, bytes | None]  # a version's changes by stored key; None: deleted
 MAX_LAYERS = 16  # versions served from memory before the next is restored: bounds a lookup's dict probes
@@ -88,8 +88,8 @@ def changes_since(reader: Any, version: int, checkpoint_id: str | None, since: V
     `since` (the same attempt) through changelog versions whose changes are all still stored, none
     recording schemas of its own, within MAX_LAYERS and `since.room()`; else None: restore it.
     `reader` is the follower's StoreReader; nothing is written."""
-    from ...store.backends.rocksdb import RocksDBBackend
-    from ...store.backends.rocksdb.replay import segment_batches
+    from ..store.backends.rocksdb import RocksDBBackend
+    from ..store.backends.rocksdb.replay import segment_batches
 
     backend = reader.backend
     room = since.room()

@@ -22,9 +22,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ...store import errors
-from ...store.errors import StateStoreError
-from ..checkpoint import StoreLocation
+from ..reading.checkpoint import StoreLocation
+from ..store import errors
+from ..store.errors import StateStoreError
 from .layers import Changed, LayerBudget, ViewAt
 from .versions import OpenVersion, Restored, StoreFollower, Tip
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...store.errors import StateStoreError
-from ...store.manifest import KEY_ENCODING_FAMILIES
-from ..checkpoint import StoreLocation
-from ..families import REGISTRY_ID, Family, family_prefix, registry
-from ..store_reader import StoreReader, open_read_only
-from ..unsafe_row import SparkType, parse_schema
+from ..reading.checkpoint import StoreLocation
+from ..reading.families import REGISTRY_ID, Family, family_prefix, registry
+from ..reading.store_reader import StoreReader, open_read_only
+from ..reading.unsafe_row import SparkType, parse_schema
+from ..store.errors import StateStoreError
+from ..store.manifest import KEY_ENCODING_FAMILIES
 from .layers import ABSENT, Changed, ChangeLayer, LayerBudget, ViewAt, changes_since, layered_get, layered_items
 
 

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from ..unsafe_row import SparkType, bitset_bytes
+from ..reading.unsafe_row import SparkType, bitset_bytes
 
 # Integer columns: the struct format of the value at the start of its 8-byte slot.
 _INTEGERS = {"byte": "<b", "short": "<h", "integer": "<i", "long": "<q"}

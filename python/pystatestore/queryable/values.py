@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..state_rows import json_value
-from ..unsafe_row import SparkType, unique_names
+from ..reading.decoded import json_value
+from ..reading.unsafe_row import SparkType, unique_names
 
 
 def row_json(t: SparkType, values: tuple[Any, ...]) -> dict[str, Any]:

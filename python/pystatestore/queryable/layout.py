@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoint import SparkCheckpoint, StoreLocation
-from ..families import Family
-from ..key_lookup import SHUFFLE_PARTITIONS, KeyRouter
+from ..reading.checkpoint import SparkCheckpoint, StoreLocation
+from ..reading.families import Family
+from ..reading.key_lookup import SHUFFLE_PARTITIONS, KeyRouter
 from .served import StoreId
 from .versions import Follower
 

@@ -19,9 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ...store.errors import CheckpointMissingError, StateStoreError
-from ...store.remote import filesystem_for
-from ..checkpoint import (
+from ..reading.checkpoint import (
     DEFAULT_STORE_NAME,
     StoreLocation,
     batches_in,
@@ -31,6 +29,8 @@ from ..checkpoint import (
     planned_conf,
     query_id_of,
 )
+from ..store.errors import CheckpointMissingError, StateStoreError
+from ..store.remote import filesystem_for
 from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
 from .layers import LayerBudget
 from .layout import Layout, partitions_of_conf, shared_cache_options

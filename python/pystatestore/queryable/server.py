@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ...store.errors import StateStoreError
+from ..store.errors import StateStoreError
 from .client import BatchGoneError, QuestionError, StateClient
 
 TOKEN_ENV = "PYSTATESTORE_SERVE_TOKEN"
