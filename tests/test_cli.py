@@ -29,14 +29,15 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.reading.checkpoint import open_checkpoint
+from pystatestore.reading.decoded import python_rows
 from pystatestore.reading.key_lookup import num_partitions
 from pystatestore.reading.spark_hash import hash_value, partition_of, stored_key_hashes
 from pystatestore.reading.store_reader import StoreReader
-from pystatestore.reading.unsafe_row import StateRowDecoder, encode_row, parse_schema
+from pystatestore.reading.unsafe_row import StateRowDecoder, encode_row, parse_schema, unique_names
 from pystatestore.tools.cli import main
 from pystatestore.tools.cli_read_only import json_value
 from pystatestore.tools.inspection import disk_usage
-from pystatestore.tools.state_rows import python_rows, read_state, unique_names
+from pystatestore.tools.state_rows import read_state
 from pystatestore.tools.verification import gc_dry_run, verify_checkpoint
 from s3_support import local_s3
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from pystatestore.queryable.key_filter import key_prefilter
 from pystatestore.queryable.values import row_json
+from pystatestore.reading.decoded import key_matches
 from pystatestore.reading.unsafe_row import decode_row, encode_row, parse_schema
-from pystatestore.tools.state_rows import key_matches
 
 # Every kind the filter treats (integers of each width, strings) and some it leaves to the decoder.
 SCHEMA = parse_schema(

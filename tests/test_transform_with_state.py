@@ -222,7 +222,8 @@ def test_pystatestore_read_reads_each_variable_as_the_state_reader_does(both_run
     equal what Spark's state reader shows of it (a list's values one row each; a map's composite key
     of grouping key and user key shown as the reader shows it, two columns)."""
     from pystatestore.reading.checkpoint import open_checkpoint
-    from pystatestore.tools.state_rows import python_rows, read_state
+    from pystatestore.reading.decoded import python_rows
+    from pystatestore.tools.state_rows import read_state
     from test_cli import normal
 
     (_, _), (_, spark_reads), checkpoint = both_runs
