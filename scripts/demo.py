@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 import pystatestore
 
@@ -37,6 +38,22 @@ def print_progress(progress: dict) -> None:
         m.get("pystatestoreLoadsFromWorker", 0),
     )
     print("  ".join(f"{v:>{len(c)}}" for v, c in zip(values, COLUMNS, strict=True)), flush=True)
+
+
+def stop_between_batches(query: StreamingQuery, timeout_s: float = 120.0) -> None:
+    """Stops `query` just after a micro-batch ends. `query.stop()` interrupts a batch in flight, and
+    Spark then logs each broadcast it was writing as an ERROR ("Store broadcast ... fail, remove all
+    pieces"), which a first-time user reads as a failure. Stopping as a batch ends (its trigger seen
+    active, then not) leaves the rest of the trigger interval before the next one starts."""
+    deadline = time.monotonic() + timeout_s
+    seen_running = False
+    while query.isActive and time.monotonic() < deadline:
+        running = query.status["isTriggerActive"]
+        if seen_running and not running:
+            break
+        seen_running = seen_running or running
+        time.sleep(0.01)
+    query.stop()
 
 
 def run(spark: SparkSession, checkpoint: Path, seconds: float, rate: int, keys: int) -> int:
@@ -63,7 +80,7 @@ def run(spark: SparkSession, checkpoint: Path, seconds: float, rate: int, keys: 
                     seen = progress["batchId"]
                     print_progress(progress)
     finally:
-        query.stop()
+        stop_between_batches(query)
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
     return seen
