@@ -425,4 +425,8 @@ def test_the_serve_command_pages_scans_with_the_limits_it_was_given(
         assert request(port, "GET", "/v1/scan?limit=7")[0] == 200
     finally:
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
