@@ -57,21 +57,24 @@ def make_backend(
     min_deltas: int = 10,
     store_uri: str | None = None,
     checkpoint_ids: bool = False,
+    partition_id: int = 1,
+    schemas: tuple[str, str] = ("k", "v"),
 ) -> StateBackend:
     """A backend as a worker would open it. Local recovery copies go under `local_dir` unless the
     options say otherwise, so tests never share them by accident. `mode`: the rocksdb backend's
     commitMode (its default when None). `store_uri`: the store's location when it is not the local
-    directory `store_dir` (an object store)."""
+    directory `store_dir` (an object store). `schemas`: the (key, value) schemas recorded in its
+    manifests (Spark's JSON, for a store the checkpoint readers decode)."""
     opts = {"localRecoveryDir": str(Path(local_dir) / "recovery"), **(options or {})}
     if mode is not None:
         opts["commitMode"] = mode
     ctx = StoreContext(
         store_dir=store_uri or f"file:{store_dir}",
         operator_id=0,
-        partition_id=1,
+        partition_id=partition_id,
         store_name="default",
-        key_schema="k",
-        value_schema="v",
+        key_schema=schemas[0],
+        value_schema=schemas[1],
         min_versions_to_retain=retain,
         orphan_grace_seconds=grace,
         local_dir=str(local_dir),

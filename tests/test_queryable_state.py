@@ -7,16 +7,13 @@ security rules (loopback by default, a token everywhere else)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
 import shutil
 import signal
-import socket
 import threading
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +27,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pystatestore.queryable import BatchGoneError, QuestionError, StateClient, versions
 from pystatestore.queryable.restorer import remove_discarded
-from pystatestore.queryable.server import ServeConfigError, check_binding, create_app
+from pystatestore.queryable.server import ServeConfigError, check_binding
 from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.cli import main
+from serve_support import Served, key_param
 from spark_support import OUR_PROVIDER, start_session
 from test_faults import worker_pids
 
@@ -245,45 +243,6 @@ def test_the_client_never_writes_into_the_checkpoint(stopped_query: tuple[Path, 
         client.operators()
         client.refresh()
     assert tree_state(ckpt) == before
-
-
-class Served:
-    """`create_app` on a real uvicorn server in a thread, and requests to it."""
-
-    def __init__(self, client: StateClient, token: str | None = None) -> None:
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = uvicorn.Config(create_app(client, token), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.02)
-
-    def request(self, method: str, path: str, body: Any = None, headers: dict | None = None) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, path, None if body is None else json.dumps(body), headers or {})
-            r = conn.getresponse()
-            data = r.read()
-            return r.status, (
-                json.loads(data) if r.getheader("content-type", "").startswith("application/json") else data
-            )
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-def key_param(key: dict) -> str:
-    return urllib.parse.quote(json.dumps(key))
 
 
 def test_the_http_interface(stopped_query: tuple[Path, list]) -> None:

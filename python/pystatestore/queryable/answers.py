@@ -51,14 +51,16 @@ class Lookup:
 
 @dataclass(frozen=True)
 class Scan:
-    """Rows whose key has the given fields, at `batch`; `complete` is False when `limit` cut it short."""
+    """One page of rows whose key has the given fields, at `batch`; `complete` is False when more
+    rows remain, and then `cursor` continues after this page's last row, at the same batch."""
 
     batch: int
     rows: list[dict[str, Any]]
     complete: bool
+    cursor: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"batch": self.batch, "rows": self.rows, "complete": self.complete}
+        return {"batch": self.batch, "rows": self.rows, "complete": self.complete, "cursor": self.cursor}
 
 
 __all__ = ["Answer", "BatchGoneError", "Lookup", "QuestionError", "Scan"]

@@ -3,7 +3,8 @@ made consistent; DESIGN §9). It reads the checkpoint, never the executors: it f
 log, brings each store it was asked about forward to every newly committed batch (replaying only
 what the batch changed), and answers point lookups, multi-key lookups and partial-key scans
 (questions.py), each from one committed batch that the answer names. `batch=N` reads any retained
-batch.
+batch. A scan answers a page of rows at a time (scan_limit_default, at most scan_limit_max) in a
+fixed order, with a cursor that continues at the batch of the first page (scan_cursor.py).
 
 It never writes to the checkpoint and takes no lease: the query's GC is never held back. A file
 GC'd under a restore is retried on a newer batch; a store that cannot be opened (a damaged or missing
@@ -34,6 +35,7 @@ from ..store.remote import filesystem_for
 from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
 from .layers import LayerBudget
 from .layout import Layout, partitions_of_conf, shared_cache_options
+from .paging import DEFAULT_SCAN_LIMIT, MAX_SCAN_LIMIT, PageError, continued, page_limit, question_digest
 from .questions import Questions, schema_info
 from .restorer import ProcessFollower, RestoreProcess
 from .served import ServedBatch, StoreId
@@ -64,6 +66,8 @@ class StateClient:
         history_batches: int = DEFAULT_HISTORY_BATCHES,
         cache_mib: int = DEFAULT_CACHE_MIB,
         restore_in: str = "thread",
+        scan_limit_default: int = DEFAULT_SCAN_LIMIT,
+        scan_limit_max: int = MAX_SCAN_LIMIT,
     ) -> None:
         """`checkpoint`: the query's checkpointLocation (a path, file:, s3://...). `follow`: a thread
         checks the commit log every `poll_seconds` and serves each newly committed batch (else call
@@ -72,9 +76,15 @@ class StateClient:
         cache every opened version shares. `restore_in`: "thread" restores newly committed versions
         in this process; "process" in a child process of its own, so they never hold this
         process's GIL (what `pystatestore serve` does: answers on an event loop would wait behind
-        them)."""
+        them). `scan_limit_default`: the rows of a scan's page when it names no limit;
+        `scan_limit_max`: the most it may ask for (a bigger scan pages on with the cursor)."""
         if restore_in not in ("thread", "process"):
             raise ValueError(f'restore_in is "thread" or "process", not {restore_in!r}')
+        if not 1 <= scan_limit_default <= scan_limit_max:
+            raise ValueError(
+                f"scan limits: 1 <= default <= maximum, not default {scan_limit_default}, maximum {scan_limit_max}"
+            )
+        self.scan_limit_default, self.scan_limit_max = scan_limit_default, scan_limit_max
         self.uri = checkpoint_uri(checkpoint)
         self._fs, self._root = filesystem_for(self.uri)
         self._scratch = scratch
@@ -175,6 +185,7 @@ class StateClient:
         batch: int | None = None,
     ) -> Lookup:
         """The values of `keys`, every one read at the same batch."""
+        self._check_where(operator, batch)
         for k in keys:
             if not isinstance(k, dict):
                 raise QuestionError(f"a key is a JSON object of key fields, not {k!r}", store=self.uri)
@@ -184,21 +195,44 @@ class StateClient:
         self,
         key: dict[str, Any] | None = None,
         *,
-        limit: int = 100,
+        limit: int | None = None,
+        cursor: str | None = None,
         operator: int = 0,
         store: str = DEFAULT_STORE_NAME,
         family: str | None = None,
         batch: int | None = None,
     ) -> Scan:
-        """Up to `limit` rows (key, value, partition) whose key has the fields of `key` (some of the
-        key columns; none: every row), read across every partition at one batch."""
+        """A page of up to `limit` rows (key, value, partition; default `scan_limit_default`, at most
+        `scan_limit_max`) whose key has the fields of `key` (some of the key columns; none: every
+        row), read across every partition at one batch: partition by partition, and within one in
+        stored key order. When more remain the answer's `cursor` continues after its last row at the
+        same batch: ask again with it (and the same key, operator, store and family) for the next
+        page; every matching row comes exactly once. BatchGoneError once retention took that batch."""
         if key is not None and not isinstance(key, dict):
             raise QuestionError(f"a partial key is a JSON object of some key fields, not {key!r}", store=self.uri)
-        if limit < 1:
-            raise QuestionError(f"limit must be at least 1, not {limit}", store=self.uri)
+        self._check_where(operator, batch)
+        question = question_digest(key or {}, operator, store, family)
+        start = None
+        try:
+            limit = page_limit(limit, self.scan_limit_default, self.scan_limit_max)
+            if cursor is not None:
+                start, batch = continued(cursor, question, batch)
+        except PageError as e:
+            raise QuestionError(str(e), store=self.uri) from None
         return self._answer(
-            batch, lambda served: self._questions.scan(served, key or {}, limit, operator, store, family)
+            batch,
+            lambda served: self._questions.scan(
+                served, key or {}, limit, operator, store, family, start=start, question=question
+            ),
         )
+
+    def _check_where(self, operator: Any, batch: Any) -> None:
+        """operator and batch are whole numbers (a negative batch is never in the commit log)."""
+        for name, value in (("operator", operator), ("batch", batch)):
+            if value is None and name == "batch":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise QuestionError(f"{name} is a whole number, 0 or more, not {value!r}", store=self.uri)
 
     def status(self) -> dict[str, Any]:
         """The batch served, the newest in the commit log at the last check, the stores open and

@@ -135,13 +135,13 @@ def layered_get(layers: tuple[ChangeLayer, ...], key: bytes) -> Any:
 
 
 def layered_items(
-    layers: tuple[ChangeLayer, ...], base: Iterator[tuple[bytes, bytes]], prefix: bytes
+    layers: tuple[ChangeLayer, ...], base: Iterator[tuple[bytes, bytes]], prefix: bytes, after: bytes | None = None
 ) -> Iterator[tuple[bytes, bytes]]:
     """`base`'s (key, value) in key order with `layers` (newest first) applied: only keys starting
-    with `prefix`, in key order."""
+    with `prefix` (and, with `after`, above it; `base` starts there already), in key order."""
     changed: ChangeLayer = {}
     for layer in reversed(layers):
-        changed.update((k, v) for k, v in layer.items() if k.startswith(prefix))
+        changed.update((k, v) for k, v in layer.items() if k.startswith(prefix) and (after is None or k > after))
     pending = sorted(changed)
     i = 0
     for key, value in base:

@@ -16,6 +16,7 @@ from ..store.manifest import KEY_ENCODING_FAMILIES
 from .answers import Answer, Lookup, QuestionError, Scan
 from .key_filter import key_prefilter
 from .layout import Layout, Shape
+from .paging import ScanCursor, ScanPosition, encode_cursor
 from .served import ServedBatch, StoreId
 from .values import row_json
 from .versions import OpenVersion
@@ -124,10 +125,17 @@ class Questions:
         family_name: str | None,
         *,
         exact: bool = False,
+        start: ScanPosition | None = None,
+        question: str = "",
     ) -> Scan:
-        partitions = self.partitions_of(operator, store)
+        """Up to `limit` rows matching `key`, partition by partition and within one in stored key
+        order (after `start`, where the last page ended); with more left, a cursor after the last
+        row (`question` names the scan in it). `exact`: a whole key, found once (no cursor)."""
         rows: list[dict[str, Any]] = []
-        for p in partitions:
+        last: ScanPosition | None = None
+        for p in self.partitions_of(operator, store):
+            if start is not None and p < start.partition:
+                continue
             opened = self.view(served, (operator, p, store))
             family = self.family(opened, family_name, store, missing_ok=True)
             if family_name is not None and family is None:
@@ -146,8 +154,11 @@ class Questions:
                 )
             if exact and set(key) != set(names):
                 raise self._question(f"a key must name every key column ({', '.join(names)})")
+            after = start.after if start is not None and p == start.partition else None
+            if after is not None and not after.startswith(prefix):
+                raise self._question("the cursor does not continue a scan of this store: start again without it")
             may_match = key_prefilter(key_type, names, key) if key else None
-            for k, v in opened.items(prefix):
+            for k, v in opened.items(prefix, after):
                 try:
                     row = family.key_row(k) if family is not None else key_row_bytes(k, opened.key_encoding)
                     if may_match is not None and not may_match(row):
@@ -155,14 +166,17 @@ class Questions:
                     decoded = row_json(key_type, decode_row(key_type, row))
                     if key and not key_matches(decoded, [key]):
                         continue
+                    if last is not None and len(rows) >= limit:  # a row past the page: more remain
+                        return Scan(served.batch, rows, False, encode_cursor(ScanCursor(served.batch, question, last)))
                     value = self._decode_value(
                         opened, value_type, v, family if family and family.multiple_values else None
                     )
                 except (RowDecodeError, SchemaError) as e:
                     raise self._undecodable(opened, e) from None
                 rows.append({"key": decoded, "value": value, "partition": p})
-                if len(rows) >= limit:
-                    return Scan(served.batch, rows, False)
+                last = ScanPosition(p, k)
+                if exact:
+                    return Scan(served.batch, rows, True)
         return Scan(served.batch, rows, True)
 
     def family(self, opened: OpenVersion, name: str | None, store: str, *, missing_ok: bool = False) -> Family | None:

@@ -3,21 +3,30 @@ values as `pystatestore read -o -` prints them.
 
     GET  /v1/state?key=<JSON object>[&operator=N][&store=NAME][&family=VAR][&batch=N]
     POST /v1/lookup   {"keys": [{...}, ...], "operator": N, "store": ..., "family": ..., "batch": ...}
-    GET  /v1/scan?[key=<JSON object of some key columns>][&limit=N][&operator=N]...
+    GET  /v1/scan?[key=<JSON object of some key columns>][&limit=N][&cursor=C][&operator=N]...
     GET  /v1/operators, GET /healthz, GET /metrics (Prometheus' text format)
 
-A question the checkpoint cannot answer as asked gets a 400 naming what is wrong; a batch no longer
-retained a 404; a damaged or missing file a 500 naming store, version and file (every other store
-keeps answering). It binds loopback by default; any other address needs a token, checked on every
-request (`Authorization: Bearer <token>`). The service only reads the checkpoint and takes no path
-from a request.
+A scan answers one page: `limit` rows (the client's scan_limit_default, 100, unless it asks; above
+scan_limit_max, 10,000, a 400), partition by partition and in stored key order within one. When
+more rows remain, `complete` is false and `cursor` continues after the page's last row at the batch
+the first page named (paging.py): every matching row comes exactly once; a cursor whose batch
+retention took gets a 404, a garbled one a 400.
+
+A question the checkpoint cannot answer as asked (a malformed number, key, body or cursor among
+them) gets a 400 naming what is wrong; a batch no longer retained a 404; a damaged or missing file
+a 500 naming store, version and file (every other store keeps answering). It binds loopback by
+default; any other address (0.0.0.0, ::) needs a token, checked on every request (`Authorization:
+Bearer <token>`). The service only reads the checkpoint and takes no path from a request.
+`pystatestore serve` checks SERVER_MODULES import before it opens anything.
 """
 
 from __future__ import annotations
 
 import hmac
+import importlib
 import ipaddress
 import json
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -28,11 +37,25 @@ from ..store.errors import StateStoreError
 from .client import BatchGoneError, QuestionError, StateClient
 
 TOKEN_ENV = "PYSTATESTORE_SERVE_TOKEN"
+# What the service imports (the `serve` extra). uvicorn's httptools and uvloop, also in the extra,
+# are speedups it falls back from (to h11 and asyncio), so the service runs without them.
+SERVER_MODULES = ("starlette", "uvicorn", "prometheus_client")
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 class ServeConfigError(ValueError):
     """`pystatestore serve` started in a way that would expose the state unprotected."""
+
+
+def missing_server_modules() -> list[str]:
+    """The modules of SERVER_MODULES that do not import here (the `serve` extra not installed)."""
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def is_loopback(host: str) -> bool:
@@ -177,7 +200,7 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
     async def lookup(request: Request) -> Any:
         try:
             body = json.loads(await request.body())
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past Python's stack
             raise _BadRequestError(f"the body is not JSON: {e}") from None
         if not isinstance(body, dict) or not isinstance(body.get("keys"), list):
             raise _BadRequestError(
@@ -192,8 +215,8 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
     async def scan(request: Request) -> Any:
         q = request.query_params
         key = _json_param(q.get("key"), "key", required=False)
-        limit = _int_param(q.get("limit"), "limit", 100)
-        found = await run_in_threadpool(client.scan, key, limit=limit, **_where(q))
+        limit = _int_param(q.get("limit"), "limit", None)
+        found = await run_in_threadpool(client.scan, key, limit=limit, cursor=q.get("cursor"), **_where(q))
         return found.to_json()
 
     async def operators(request: Request) -> Any:
@@ -252,19 +275,26 @@ def _json_param(text: str | None, name: str, *, required: bool) -> Any:
         return None
     try:
         return json.loads(text)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:
         raise _BadRequestError(f"{name} is not JSON: {e}") from None
 
 
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
 def _int_param(value: Any, name: str, default: int | None) -> int | None:
+    """A whole number from a query parameter's digits or a JSON integer (not 1.5, "1e3" or true);
+    the client checks its range."""
     if value is None:
         return default
-    if isinstance(value, bool):
-        raise _BadRequestError(f"{name} is a whole number, not {value!r}")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise _BadRequestError(f"{name} is a whole number, not {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+        try:
+            return int(value)
+        except ValueError:  # more digits than Python converts
+            pass
+    raise _BadRequestError(f"{name} is a whole number, not {value!r}")
 
 
 def _where(params: Any) -> dict[str, Any]:
@@ -303,4 +333,13 @@ def serve(client: StateClient, host: str, port: int, token: str | None, log_leve
     )
 
 
-__all__ = ["ServeConfigError", "TOKEN_ENV", "check_binding", "create_app", "is_loopback", "serve"]
+__all__ = [
+    "SERVER_MODULES",
+    "ServeConfigError",
+    "TOKEN_ENV",
+    "check_binding",
+    "create_app",
+    "is_loopback",
+    "missing_server_modules",
+    "serve",
+]

@@ -130,23 +130,27 @@ class OpenVersion:
             return [self.db.get(k) for k in stored_keys]
         return [None if v is None else bytes(v) for v in self.db.get(stored_keys)]
 
-    def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) in key order, only keys starting with `prefix`."""
+    def items(self, prefix: bytes = b"", after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) in key order, only keys starting with `prefix`; with `after` (a key under
+        `prefix`), only the keys above it: where a scan's page left off."""
         if self.layers:
-            yield from layered_items(self.layers, self._db_items(prefix), prefix)
+            yield from layered_items(self.layers, self._db_items(prefix, after), prefix, after)
         else:
-            yield from self._db_items(prefix)
+            yield from self._db_items(prefix, after)
 
-    def _db_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def _db_items(self, prefix: bytes, after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         if isinstance(self.db, dict):
             source: Iterator[tuple[bytes, bytes]] = iter(sorted(self.db.items()))
             for k, v in source:
-                if k.startswith(prefix):
+                if k.startswith(prefix) and (after is None or k > after):
                     yield k, v
             return
-        for k, v in self.db.items(from_key=prefix) if prefix else self.db.items():
+        start = after if after is not None else prefix
+        for k, v in self.db.items(from_key=start) if start else self.db.items():
             if not k.startswith(prefix):
                 return
+            if after is not None and k == after:
+                continue
             yield bytes(k), bytes(v)
 
     @property

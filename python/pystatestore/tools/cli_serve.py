@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..queryable.paging import DEFAULT_SCAN_LIMIT, MAX_SCAN_LIMIT
 from ..store.errors import StateStoreError
 from .cli_output import err
 
@@ -34,6 +35,20 @@ from .cli_output import err
     help="Where newly committed versions are restored: a child process (answers never wait behind a "
     "restore for Python's GIL) or a thread of the service.",
 )
+@click.option(
+    "--scan-limit-default",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SCAN_LIMIT,
+    show_default=True,
+    help="Rows a /v1/scan page holds when it names no limit.",
+)
+@click.option(
+    "--scan-limit-max",
+    type=click.IntRange(min=1),
+    default=MAX_SCAN_LIMIT,
+    show_default=True,
+    help="The most rows a /v1/scan page may ask for (a 400 above it): a bigger scan pages on with its cursor.",
+)
 def serve(
     checkpoint: str,
     host: str,
@@ -42,17 +57,26 @@ def serve(
     poll_seconds: float,
     scratch: str | None,
     restore_in: str,
+    scan_limit_default: int,
+    scan_limit_max: int,
 ) -> None:
     """Answer point lookups, multi-key lookups and scans of a running query's state over HTTP, each
     from one committed batch it names, following the query as it commits. Never writes to the
     checkpoint."""
-    try:
-        from ..queryable.server import TOKEN_ENV, ServeConfigError, check_binding
-        from ..queryable.server import serve as run_server
-    except ImportError as e:  # pragma: no cover - depends on the install
+    from ..queryable.server import TOKEN_ENV, ServeConfigError, check_binding, missing_server_modules
+    from ..queryable.server import serve as run_server
+
+    # Before anything is opened: the server imports these only once it starts answering.
+    missing = missing_server_modules()
+    if missing:
         raise click.ClickException(
-            f"the service needs its HTTP libraries ({e.name} is missing): pip install 'pystatestore[serve]'"
-        ) from None
+            f"the service needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            "pip install 'pystatestore[serve]'"
+        )
+    if scan_limit_default > scan_limit_max:
+        raise click.BadParameter(
+            f"{scan_limit_default} is above --scan-limit-max {scan_limit_max}", param_hint="--scan-limit-default"
+        )
     token = token_file.read_text().strip() if token_file is not None else os.environ.get(TOKEN_ENV) or None
     if token_file is not None and not token:
         raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
@@ -63,7 +87,14 @@ def serve(
     from ..queryable.client import StateClient
 
     try:
-        client = StateClient(checkpoint, poll_seconds=poll_seconds, scratch=scratch, restore_in=restore_in)
+        client = StateClient(
+            checkpoint,
+            poll_seconds=poll_seconds,
+            scratch=scratch,
+            restore_in=restore_in,
+            scan_limit_default=scan_limit_default,
+            scan_limit_max=scan_limit_max,
+        )
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
     err.print(f"serving {client.uri} (batch {client.batch}) on http://{host}:{port}", markup=False)
