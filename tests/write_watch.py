@@ -61,12 +61,9 @@ class WriteWatch:
         self._paths.setdefault(wd, path)
         return True
 
-    @property
-    def watched(self) -> int:
-        return len(self._paths)
-
     def writes(self) -> list[Write]:
-        """Every write reported so far (all of them once `overflowed`: the kernel dropped some)."""
+        """Every write reported so far; not all of them once `overflowed` (the kernel's queue was full
+        and it dropped some), which a caller must treat as a failure."""
         while True:
             try:
                 data = os.read(self._fd, 1 << 16)
