@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 from chaoslib.checks import CheckReport, check_checkpoint, compare_final_state, first_difference
-from chaoslib.faults import damage_local_copies, executor_pids, kill_executors, run_query
+from chaoslib.faults import executor_pids, kill_executors, run_query
+from chaoslib.local_damage import damage_local_copies
 from chaoslib.plan import RETAIN_DRAW, Plan, draw
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, start_session
 

@@ -1,5 +1,6 @@
 """chaos.py's own modules: `plan` (what a run draws from its seed), `faults` (the query run with
-them: executor kills, damaged local copies, stops and restarts) and `checks` (its output, state and
+them: executor kills, stops and restarts), `local_damage` (damaged local copies, the damage kept
+on this host) and `checks` (its output, state and
 checkpoint judged against the HDFS provider's run and by the referee).
 
 They use the end-to-end suite's queries and Spark helpers: importing this package puts tests/ on

@@ -1,10 +1,10 @@
 """The plan's query run with its faults: the query over its input files, stopped and restarted
-where the plan says, the application's executors killed (SIGKILL) and local copies damaged."""
+where the plan says, and the application's executors killed (SIGKILL). Local copies are damaged
+between phases by local_damage.py."""
 
 from __future__ import annotations
 
 import os
-import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -32,21 +32,6 @@ def kill_executors(app_id: str, timeout: float = 30) -> int:
         os.kill(pid, signal.SIGKILL)
     wait_gone(executors + children, timeout)
     return len(executors)
-
-
-def damage_local_copies(local_dir: Path, how: str, rnd: random.Random) -> str:
-    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
-    if not files:
-        return "no local copy to damage"
-    victim = rnd.choice(files)
-    if how == "delete":
-        victim.unlink()
-    else:
-        data = bytearray(victim.read_bytes())
-        if data:
-            data[rnd.randrange(len(data))] ^= 0x5A
-            victim.write_bytes(bytes(data))
-    return f"{how} {victim.relative_to(local_dir)}"
 
 
 def run_query(
