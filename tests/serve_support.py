@@ -60,3 +60,23 @@ class Served:
 
 def key_param(key: Any) -> str:
     return urllib.parse.quote(json.dumps(key))
+
+
+def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 30) -> tuple[int, dict[str, str], Any]:
+    """Sends `head` (request line and headers, up to the blank line) and `body` as they are, and reads
+    the answer until the server closes the connection: (status, headers, JSON payload). Fails when
+    the server neither answers nor closes within `timeout` (it is waiting for more of the body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head + body)
+        received = b""
+        try:
+            while chunk := s.recv(65536):
+                received += chunk
+        except TimeoutError:
+            raise AssertionError(
+                f"no answer and no close within {timeout} s: the server waits for more of the body; got {received!r}"
+            ) from None
+    top, _, payload = received.partition(b"\r\n\r\n")
+    status_line, *header_lines = top.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines)}
+    return int(status_line.split()[1]), headers, json.loads(payload)

@@ -1,4 +1,5 @@
 """`pystatestore serve`'s requests, without Spark: scans paged with a cursor under a capped limit,
+lookups under a cap on their keys and their body's bytes, keys in query strings under a length cap,
 malformed requests, the token and binding rules, and the command run without its `serve` extra.
 
 The checkpoint is laid out as Spark writes one (metadata, offsets/ with the query's confs, commits/)
@@ -30,7 +31,7 @@ from pystatestore.queryable.server import ServeConfigError, check_binding
 from pystatestore.reading.spark_hash import partition_of
 from pystatestore.reading.unsafe_row import encode_row, parse_schema
 from pystatestore.tools.cli import main
-from serve_support import Served, free_port, key_param, request
+from serve_support import Served, free_port, key_param, raw_exchange, request
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 3
@@ -122,8 +123,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Sta
 
 @pytest.fixture(scope="module")
 def served(built: tuple[Path, dict[int, State]]) -> Iterator[tuple[StateClient, Served]]:
-    """A client with pages of 5 rows unless asked, at most 20, on a real server."""
-    client = StateClient(str(built[0]), follow=False, scan_limit_default=5, scan_limit_max=20)
+    """A client with pages of 5 rows unless asked, at most 20, and lookups of at most 8 keys (so a
+    body of at most 8 * 4,096 + 65,536 = 98,304 bytes), on a real server."""
+    client = StateClient(str(built[0]), follow=False, scan_limit_default=5, scan_limit_max=20, lookup_keys_max=8)
     server = Served(client)
     yield client, server
     server.close()
@@ -283,10 +285,10 @@ def test_a_garbled_changed_or_foreign_cursor_gets_a_400(served: tuple[StateClien
         ("GET", "/v1/scan?batch=-2", None, "batch is a whole number, 0 or more"),
         ("GET", "/v1/scan?key=%5B1%5D", None, "a partial key is a JSON object"),
         ("GET", "/v1/state?key=%5B1%5D", None, "a key is a JSON object"),
-        ("GET", "/v1/state?key=" + "%5B" * 5000, None, "key is not JSON"),
+        ("GET", "/v1/state?key=" + "%5B" * 4000, None, "key is not JSON"),
         ("POST", "/v1/lookup", b"{not json", "the body is not JSON"),
         ("POST", "/v1/lookup", b'{"keys": ["\xff"]}', "the body is not JSON"),
-        ("POST", "/v1/lookup", b"[" * 100_000, "the body is not JSON"),
+        ("POST", "/v1/lookup", b"[" * 90_000, "the body is not JSON"),
         ("POST", "/v1/lookup", {"keys": [], "limit": 3, "x": 1}, "unknown field(s) limit, x"),
         ("POST", "/v1/lookup", {"keys": {"user": "u1", "n": 1}}, 'the body is {"keys"'),
         ("POST", "/v1/lookup", {"keys": ["u1"]}, "a key is a JSON object"),
@@ -315,6 +317,92 @@ def test_well_formed_requests_still_answer(
     assert status == 200 and body["found"] and body["value"] == as_rows(states[1])[key], body
     status, body = server.request("POST", "/v1/lookup", {"keys": [{"user": key[0], "n": key[1]}], "batch": 1})
     assert status == 200 and body["results"][0]["value"] == as_rows(states[1])[key], body
+
+
+def known_keys(state: State, count: int) -> list[dict[str, Any]]:
+    return [{"user": u, "n": n} for u, n in sorted(state)[:count]]
+
+
+def test_a_lookup_asks_at_most_its_maximum_of_keys(
+    built: tuple[Path, dict[int, State]], served: tuple[StateClient, Served]
+) -> None:
+    """8 keys answer (over HTTP and from StateClient), 9 are a 400 naming the 8 and saying to split
+    them; a client left at its default takes 1,000 and refuses 1,001."""
+    _, states = built
+    client, server = served
+    want = as_rows(states[BATCHES - 1])
+    keys = known_keys(states[BATCHES - 1], 8)
+    status, body = server.request("POST", "/v1/lookup", {"keys": keys})
+    assert status == 200 and [r["value"] for r in body["results"]] == [want[k["user"], k["n"]] for k in keys], body
+    assert [r.value for r in client.get_many(keys).results] == [want[k["user"], k["n"]] for k in keys]
+    status, body = server.request("POST", "/v1/lookup", {"keys": [*keys, {"user": "u1", "n": 1}]})
+    assert status == 400 and "9 keys" in body["error"] and "(8)" in body["error"] and "split" in body["error"], body
+    with pytest.raises(QuestionError, match=r"\(8\): split the keys"):
+        client.get_many([*keys, {"user": "u1", "n": 1}])
+    with StateClient(str(built[0]), follow=False) as default:
+        many = [{"user": f"nobody{i}", "n": i} for i in range(1001)]
+        assert not any(r.found for r in default.get_many(many[:1000]).results)
+        with pytest.raises(QuestionError, match=r"1,001 keys .*\(1,000\)"):
+            default.get_many(many)
+    with pytest.raises(ValueError, match="lookup_keys_max is at least 1"):
+        StateClient(str(ROOT / "no-such-checkpoint"), lookup_keys_max=0)
+
+
+BODY_MAX = 8 * 4096 + 64 * 1024  # the served client's 8 keys
+
+
+def padded_lookup(keys: list[dict[str, Any]], size: int) -> bytes:
+    """A lookup body of exactly `size` bytes: the keys, then spaces (JSON allows them after the value)."""
+    text = json.dumps({"keys": keys}).encode()
+    assert len(text) <= size
+    return text + b" " * (size - len(text))
+
+
+def lookup_head(framing: str) -> bytes:
+    return f"POST /v1/lookup HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode()
+
+
+def test_a_lookup_body_over_its_size_is_refused_with_413_without_reading_the_rest(
+    built: tuple[Path, dict[int, State]], served: tuple[StateClient, Served]
+) -> None:
+    """A body of the most bytes answers, with Content-Length or chunked. One byte more is a 413
+    naming the limit: from Content-Length alone before any body byte is sent (2 GB announced, a few
+    bytes sent), or chunked as soon as the body goes past it, the end of the body never sent. Each
+    refusal closes the connection (else the server would read and discard the rest)."""
+    _, states = built
+    _, server = served
+    keys = known_keys(states[BATCHES - 1], 2)
+    values = [as_rows(states[BATCHES - 1])[k["user"], k["n"]] for k in keys]
+    at_max = padded_lookup(keys, BODY_MAX)
+    status, _, body = raw_exchange(server.port, lookup_head(f"Content-Length: {BODY_MAX}\r\nConnection: close"), at_max)
+    assert status == 200 and [r["value"] for r in body["results"]] == values, body
+    chunked = b"%x\r\n%b\r\n0\r\n\r\n" % (len(at_max), at_max)
+    status, _, body = raw_exchange(server.port, lookup_head("Transfer-Encoding: chunked\r\nConnection: close"), chunked)
+    assert status == 200 and [r["value"] for r in body["results"]] == values, body
+    for announced, sent in ((BODY_MAX + 1, b""), (2_000_000_000, b'{"keys": [')):
+        status, headers, body = raw_exchange(server.port, lookup_head(f"Content-Length: {announced}"), sent)
+        assert status == 413 and headers.get("connection") == "close", (status, headers, body)
+        assert f"the body is {announced:,} bytes" in body["error"] and "(98,304 bytes" in body["error"], body
+        assert "split the keys" in body["error"], body
+    over = padded_lookup(keys, BODY_MAX + 1)
+    status, headers, body = raw_exchange(
+        server.port, lookup_head("Transfer-Encoding: chunked"), b"%x\r\n%b\r\n" % (len(over), over)
+    )
+    assert status == 413 and headers.get("connection") == "close", (status, headers, body)
+    assert "more than 98,304 bytes" in body["error"] and "split the keys" in body["error"], body
+
+
+def test_a_key_in_a_query_string_holds_at_most_4096_characters(served: tuple[StateClient, Served]) -> None:
+    """A key= of 4,096 characters of JSON answers (found nowhere); one more is a 414 naming the
+    bound, unparsed: on /v1/state (answered outside Starlette) and /v1/scan."""
+    _, server = served
+    room = 4096 - len(json.dumps({"user": "", "n": 1}))
+    for endpoint, advice in (("state", "POST /v1/lookup"), ("scan", "fewer key columns")):
+        status, body = server.request("GET", f"/v1/{endpoint}?key={key_param({'user': 'x' * room, 'n': 1})}")
+        assert status == 200 and not body.get("found") and not body.get("rows"), body
+        status, body = server.request("GET", f"/v1/{endpoint}?key={key_param({'user': 'x' * (room + 1), 'n': 1})}")
+        assert status == 414 and "key= is 4,097 characters" in body["error"] and "(4,096)" in body["error"], body
+        assert advice in body["error"], body
 
 
 def test_an_empty_token_file_and_an_unprotected_ipv6_any_address_are_refused(
@@ -399,12 +487,12 @@ def test_serve_without_its_extra_says_what_to_install_before_opening_anything(
     assert not missing.exists()
 
 
-def test_the_serve_command_pages_scans_with_the_limits_it_was_given(
+def test_the_serve_command_pages_scans_and_caps_lookups_with_the_limits_it_was_given(
     built: tuple[Path, dict[int, State]], tmp_path: Path
 ) -> None:
     port = free_port()
     args = ["serve", str(built[0]), "--port", str(port), "--restore-in", "thread", "--scratch", str(tmp_path)]
-    args += ["--scan-limit-default", "3", "--scan-limit-max", "7", "--poll-seconds", "5"]
+    args += ["--scan-limit-default", "3", "--scan-limit-max", "7", "--lookup-keys-max", "4", "--poll-seconds", "5"]
     with open(tmp_path / "log", "wb") as log:
         process = run_pystatestore(args, tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -423,6 +511,10 @@ def test_the_serve_command_pages_scans_with_the_limits_it_was_given(
         status, body = request(port, "GET", "/v1/scan?limit=8")
         assert status == 400 and "(7)" in body["error"], body
         assert request(port, "GET", "/v1/scan?limit=7")[0] == 200
+        keys = [{"user": "u1", "n": n} for n in range(5)]
+        assert request(port, "POST", "/v1/lookup", {"keys": keys[:4]})[0] == 200
+        status, body = request(port, "POST", "/v1/lookup", {"keys": keys})
+        assert status == 400 and "(4)" in body["error"], body
     finally:
         process.terminate()
         try:

@@ -4,7 +4,8 @@ log, brings each store it was asked about forward to every newly committed batch
 what the batch changed), and answers point lookups, multi-key lookups and partial-key scans
 (questions.py), each from one committed batch that the answer names. `batch=N` reads any retained
 batch. A scan answers a page of rows at a time (scan_limit_default, at most scan_limit_max) in a
-fixed order, with a cursor that continues at the batch of the first page (scan_cursor.py).
+fixed order, with a cursor that continues at the batch of the first page (paging.py); a multi-key
+lookup asks at most lookup_keys_max keys (limits.py).
 
 It never writes to the checkpoint and takes no lease: the query's GC is never held back. A file
 GC'd under a restore is retried on a newer batch; a store that cannot be opened (a damaged or missing
@@ -35,6 +36,7 @@ from ..store.remote import filesystem_for
 from .answers import Answer, BatchGoneError, Lookup, QuestionError, Scan
 from .layers import LayerBudget
 from .layout import Layout, partitions_of_conf, shared_cache_options
+from .limits import MAX_LOOKUP_KEYS, LimitError, check_lookup_keys
 from .paging import DEFAULT_SCAN_LIMIT, MAX_SCAN_LIMIT, PageError, continued, page_limit, question_digest
 from .questions import Questions, schema_info
 from .restorer import ProcessFollower, RestoreProcess
@@ -68,6 +70,7 @@ class StateClient:
         restore_in: str = "thread",
         scan_limit_default: int = DEFAULT_SCAN_LIMIT,
         scan_limit_max: int = MAX_SCAN_LIMIT,
+        lookup_keys_max: int = MAX_LOOKUP_KEYS,
     ) -> None:
         """`checkpoint`: the query's checkpointLocation (a path, file:, s3://...). `follow`: a thread
         checks the commit log every `poll_seconds` and serves each newly committed batch (else call
@@ -77,14 +80,18 @@ class StateClient:
         in this process; "process" in a child process of its own, so they never hold this
         process's GIL (what `pystatestore serve` does: answers on an event loop would wait behind
         them). `scan_limit_default`: the rows of a scan's page when it names no limit;
-        `scan_limit_max`: the most it may ask for (a bigger scan pages on with the cursor)."""
+        `scan_limit_max`: the most it may ask for (a bigger scan pages on with the cursor).
+        `lookup_keys_max`: the most keys one `get_many` may ask (more are split over several)."""
         if restore_in not in ("thread", "process"):
             raise ValueError(f'restore_in is "thread" or "process", not {restore_in!r}')
         if not 1 <= scan_limit_default <= scan_limit_max:
             raise ValueError(
                 f"scan limits: 1 <= default <= maximum, not default {scan_limit_default}, maximum {scan_limit_max}"
             )
+        if lookup_keys_max < 1:
+            raise ValueError(f"lookup_keys_max is at least 1, not {lookup_keys_max}")
         self.scan_limit_default, self.scan_limit_max = scan_limit_default, scan_limit_max
+        self.lookup_keys_max = lookup_keys_max
         self.uri = checkpoint_uri(checkpoint)
         self._fs, self._root = filesystem_for(self.uri)
         self._scratch = scratch
@@ -184,8 +191,12 @@ class StateClient:
         family: str | None = None,
         batch: int | None = None,
     ) -> Lookup:
-        """The values of `keys`, every one read at the same batch."""
+        """The values of `keys` (at most `lookup_keys_max`), every one read at the same batch."""
         self._check_where(operator, batch)
+        try:
+            check_lookup_keys(len(keys), self.lookup_keys_max)
+        except LimitError as e:
+            raise QuestionError(str(e), store=self.uri) from None
         for k in keys:
             if not isinstance(k, dict):
                 raise QuestionError(f"a key is a JSON object of key fields, not {k!r}", store=self.uri)

@@ -12,6 +12,14 @@ more rows remain, `complete` is false and `cursor` continues after the page's la
 the first page named (paging.py): every matching row comes exactly once; a cursor whose batch
 retention took gets a 404, a garbled one a 400.
 
+A lookup asks at most the client's lookup_keys_max keys (1,000; above, a 400 naming it and saying to
+split them). Its body may hold 4 KiB for each of those keys plus 64 KiB (limits.py), counted as it
+is read: a Content-Length above that is refused before any of the body is read, and a body that
+goes past it (chunked) as soon as it does, a 413 either way (and the connection closed, so the rest
+is never read). A key= in a query string holds at most 4,096 characters (a 414 above); uvicorn's
+parser bounds the rest of the request line (httptools, which the `serve` extra installs: 65,535
+bytes of URL, a 400 above; h11: 16 KiB of request head not yet parsed).
+
 A question the checkpoint cannot answer as asked (a malformed number, key, body or cursor among
 them) gets a 400 naming what is wrong; a batch no longer retained a 404; a damaged or missing file
 a 500 naming store, version and file (every other store keeps answering). It binds loopback by
@@ -35,6 +43,7 @@ from urllib.parse import parse_qsl
 
 from ..store.errors import StateStoreError
 from .client import BatchGoneError, QuestionError, StateClient
+from .limits import body_too_large, key_text_too_long, lookup_body_max
 
 TOKEN_ENV = "PYSTATESTORE_SERVE_TOKEN"
 # What the service imports (the `serve` extra). uvicorn's httptools and uvloop, also in the extra,
@@ -141,11 +150,12 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
     through Starlette's routing. Both share the token check, the error mapping and the metrics."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import Response
     from starlette.routing import Route
 
     metrics = _Metrics(client)
+    body_max = lookup_body_max(client.lookup_keys_max)
     expected = f"Bearer {token}".encode() if token else None
 
     async def respond(name: str, authorization: bytes, answer: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
@@ -171,6 +181,10 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
                 )
             except _BadRequestError as e:
                 status, payload = 400, _failure(str(e))
+            except _TooLongError as e:
+                status, payload = 414, _failure(str(e))
+            except _TooLargeError as e:
+                status, payload = 413, _failure(str(e))
         metrics.answered(name, status, time.perf_counter() - started)
         return status, payload
 
@@ -180,7 +194,9 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
             status, payload = await respond(name, authorization, lambda: fn(request))
             if isinstance(payload, Response):
                 return payload
-            return Response(_json_bytes(payload), status, media_type="application/json")
+            # A body refused unread: closing the connection spares reading (and discarding) the rest.
+            headers = {"connection": "close"} if status == 413 else None
+            return Response(_json_bytes(payload), status, headers, media_type="application/json")
 
         return handle
 
@@ -193,13 +209,31 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
         return await run_in_threadpool(fn, *args, **where)
 
     async def state(q: Any) -> Any:
-        key = _json_param(q.get("key"), "key", required=True)
+        key = _json_param(q.get("key"), "key", required=True, advice=_LONG_KEY_ADVICE)
+        found = await answered(client.get, key, **_where(q))
         metrics.keys.inc()
-        return (await answered(client.get, key, **_where(q))).to_json()
+        return found.to_json()
+
+    async def read_body(request: Request) -> bytes:
+        """The body, refused (413) once it is more than body_max bytes: before reading any when its
+        Content-Length says so, else as soon as it goes past, never holding more than that."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > body_max:
+            raise _TooLargeError(body_too_large(int(declared), body_max, client.lookup_keys_max))
+        body = bytearray()
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > body_max:
+                    raise _TooLargeError(body_too_large(None, body_max, client.lookup_keys_max))
+        except ClientDisconnect:
+            raise _BadRequestError("the connection closed before the body ended") from None
+        return bytes(body)
 
     async def lookup(request: Request) -> Any:
+        raw = await read_body(request)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past Python's stack
             raise _BadRequestError(f"the body is not JSON: {e}") from None
         if not isinstance(body, dict) or not isinstance(body.get("keys"), list):
@@ -209,12 +243,13 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
         unknown = set(body) - {"keys", "operator", "store", "family", "batch"}
         if unknown:
             raise _BadRequestError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        found = await answered(client.get_many, body["keys"], **_where(body))
         metrics.keys.inc(len(body["keys"]))
-        return (await answered(client.get_many, body["keys"], **_where(body))).to_json()
+        return found.to_json()
 
     async def scan(request: Request) -> Any:
         q = request.query_params
-        key = _json_param(q.get("key"), "key", required=False)
+        key = _json_param(q.get("key"), "key", required=False, advice=_LONG_PARTIAL_KEY_ADVICE)
         limit = _int_param(q.get("limit"), "limit", None)
         found = await run_in_threadpool(client.scan, key, limit=limit, cursor=q.get("cursor"), **_where(q))
         return found.to_json()
@@ -268,11 +303,27 @@ class _BadRequestError(ValueError):
     """A request that is not well formed (HTTP 400)."""
 
 
-def _json_param(text: str | None, name: str, *, required: bool) -> Any:
+class _TooLongError(ValueError):
+    """A query string's key longer than limits.KEY_TEXT_MAX (HTTP 414)."""
+
+
+class _TooLargeError(ValueError):
+    """A body larger than a lookup's may be (HTTP 413)."""
+
+
+_LONG_KEY_ADVICE = 'ask for it with POST /v1/lookup {"keys": [...]}, whose body has room for longer keys'
+_LONG_PARTIAL_KEY_ADVICE = "scan on fewer key columns and filter the rows it returns"
+
+
+def _json_param(text: str | None, name: str, *, required: bool, advice: str) -> Any:
+    """The JSON of query parameter `name`; refused unparsed when longer than a key may be."""
     if text is None:
         if required:
             raise _BadRequestError(f'give {name}=<JSON object>, e.g. {name}={{"id": 7}}')
         return None
+    too_long = key_text_too_long(name, len(text), advice)
+    if too_long is not None:
+        raise _TooLongError(too_long)
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as e:

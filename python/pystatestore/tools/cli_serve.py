@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..queryable.limits import MAX_LOOKUP_KEYS
 from ..queryable.paging import DEFAULT_SCAN_LIMIT, MAX_SCAN_LIMIT
 from ..store.errors import StateStoreError
 from .cli_output import err
@@ -49,6 +50,14 @@ from .cli_output import err
     show_default=True,
     help="The most rows a /v1/scan page may ask for (a 400 above it): a bigger scan pages on with its cursor.",
 )
+@click.option(
+    "--lookup-keys-max",
+    type=click.IntRange(min=1),
+    default=MAX_LOOKUP_KEYS,
+    show_default=True,
+    help="The most keys one /v1/lookup may ask (a 400 above it; its body may hold 4 KiB a key plus 64 KiB, "
+    "a 413 above): more keys are split over several lookups.",
+)
 def serve(
     checkpoint: str,
     host: str,
@@ -59,6 +68,7 @@ def serve(
     restore_in: str,
     scan_limit_default: int,
     scan_limit_max: int,
+    lookup_keys_max: int,
 ) -> None:
     """Answer point lookups, multi-key lookups and scans of a running query's state over HTTP, each
     from one committed batch it names, following the query as it commits. Never writes to the
@@ -94,6 +104,7 @@ def serve(
             restore_in=restore_in,
             scan_limit_default=scan_limit_default,
             scan_limit_max=scan_limit_max,
+            lookup_keys_max=lookup_keys_max,
         )
     except StateStoreError as e:
         raise click.ClickException(str(e)) from None
