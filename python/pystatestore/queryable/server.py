@@ -16,9 +16,10 @@ A lookup asks at most the client's lookup_keys_max keys (1,000; above, a 400 nam
 split them). Its body may hold 4 KiB for each of those keys plus 64 KiB (limits.py), counted as it
 is read: a Content-Length above that is refused before any of the body is read, and a body that
 goes past it (chunked) as soon as it does, a 413 either way (and the connection closed, so the rest
-is never read). A key= in a query string holds at most 4,096 characters (a 414 above); uvicorn's
-parser bounds the rest of the request line (httptools, which the `serve` extra installs: 65,535
-bytes of URL, a 400 above; h11: 16 KiB of request head not yet parsed).
+is never read). A key= in a query string holds at most 4,096 characters (a 414 above). Below the
+application, uvicorn's parser bounds the URL: httptools (the `serve` extra's) refuses one over
+65,535 bytes with a 400, though only once it holds it whole, and bounds no header; h11 refuses a
+request head whose unparsed part passes 16 KiB (a head arriving in one read may be longer).
 
 A question the checkpoint cannot answer as asked (a malformed number, key, body or cursor among
 them) gets a 400 naming what is wrong; a batch no longer retained a 404; a damaged or missing file
@@ -218,7 +219,7 @@ def create_app(client: StateClient, token: str | None = None) -> Any:
         """The body, refused (413) once it is more than body_max bytes: before reading any when its
         Content-Length says so, else as soon as it goes past, never holding more than that."""
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > body_max:
+        if declared.isascii() and declared.isdigit() and int(declared) > body_max:
             raise _TooLargeError(body_too_large(int(declared), body_max, client.lookup_keys_max))
         body = bytearray()
         try:
