@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pystatestore.store.manifest import snapshot_of
+from queries import aggregation
 from spark_support import (
     OUR_PROVIDER,
     ROCKSDB_PROVIDER,
@@ -22,7 +23,6 @@ from spark_support import (
     unload_state_stores,
     write_input_files,
 )
-from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
 MODE_CONF = "spark.sql.streaming.stateStore.pystatestore.commitMode"

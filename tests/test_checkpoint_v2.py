@@ -16,10 +16,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 import referee
+from queries import aggregation, dedup, join, pandas_sessions, session_windows
 from spark_support import OUR_PROVIDER, ROCKSDB_PROVIDER, run_with_restart, start_session
 from test_cli import our_rows, spark_rows
-from test_e2e import aggregation, dedup, pandas_sessions, session_windows
-from test_state_rewrite import join
 
 pytestmark = pytest.mark.spark
 V2 = {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}

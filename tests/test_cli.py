@@ -39,9 +39,9 @@ from pystatestore.tools.cli_read_only import json_value
 from pystatestore.tools.inspection import disk_usage
 from pystatestore.tools.state_rows import read_state
 from pystatestore.tools.verification import gc_dry_run, verify_checkpoint
+from queries import dedup, pandas_sessions
 from s3_support import local_s3
 from spark_support import OUR_PROVIDER, run_phase, start_session, write_input_files
-from test_e2e import dedup, pandas_sessions
 
 pytestmark = pytest.mark.spark
 CONF = "spark.sql.streaming.stateStore.pystatestore."

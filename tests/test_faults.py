@@ -17,8 +17,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pystatestore.worker.service import StoreService
+from queries import aggregation
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_phase, run_with_restart, start_session, write_input_files
-from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
 CONF = "spark.sql.streaming.stateStore.pystatestore."

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import referee
+from queries import aggregation
 from spark_support import (
     COMMIT_MODES,
     HDFS_PROVIDER,
@@ -26,7 +27,6 @@ from spark_support import (
     unload_state_stores,
     write_input_files,
 )
-from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
 CONF = "spark.sql.streaming.stateStore.pystatestore."

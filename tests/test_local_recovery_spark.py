@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from local_recovery_support import damage_one_sst_in_place
+from queries import aggregation
 from spark_support import HDFS_PROVIDER, OUR_PROVIDER, run_with_restart, start_session
-from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
 CONF = "spark.sql.streaming.stateStore.pystatestore."

@@ -20,8 +20,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from jvm_support import plain_jvm, python_path_for_worker
+from queries import aggregation
 from spark_support import OUR_PROVIDER, run_with_restart, start_session
-from test_e2e import aggregation
 
 pytestmark = pytest.mark.spark
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from pystatestore.store.errors import StateStoreError
 from pystatestore.tools.rewrite import rewrite, runs_without_spark
 from pystatestore.tools.rewrite_plan import PROVIDERS, RewriteError, plan_rewrite
+from queries import aggregation, dedup, dedup_within_watermark, join, pandas_sessions, session_windows, windowed
 from spark_support import (
     HDFS_PROVIDER,
     OUR_PROVIDER,
@@ -27,7 +27,6 @@ from spark_support import (
     unload_state_stores,
     write_input_files,
 )
-from test_e2e import aggregation, dedup, pandas_sessions, session_windows
 
 pytestmark = pytest.mark.spark
 PARTITIONS = "spark.sql.shuffle.partitions"
@@ -38,33 +37,6 @@ def spark() -> Iterator[SparkSession]:
     session = start_session("local[2]", **{"spark.sql.adaptive.enabled": "false"})
     yield session
     session.stop()
-
-
-def windowed(df: DataFrame) -> DataFrame:
-    return (
-        df.withWatermark("ts", "10 seconds")
-        .groupBy(F.window("ts", "20 seconds"), "key")
-        .agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-        .select(F.col("window.start").cast("string"), "key", "n", "total")
-    )
-
-
-def dedup_within_watermark(df: DataFrame) -> DataFrame:
-    return df.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["key", "value"]).select("key", "value")
-
-
-def join(df: DataFrame) -> DataFrame:
-    """A stream-stream join: four stores, two of them keyed by join key and value index."""
-    left = df.where(F.col("value") % 2 == 0).select(F.col("key").alias("lk"), F.col("ts").alias("lts"), "value")
-    right = df.where(F.col("value") % 2 == 1).select(F.col("key").alias("rk"), F.col("ts").alias("rts"), "id")
-    return (
-        left.withWatermark("lts", "10 seconds")
-        .join(
-            right.withWatermark("rts", "10 seconds"),
-            F.expr("lk = rk AND rts BETWEEN lts - INTERVAL 5 SECONDS AND lts + INTERVAL 5 SECONDS"),
-        )
-        .select("lk", F.col("lts").cast("string"), "value", "id")
-    )
 
 
 SCENARIOS: dict[str, tuple[Callable[[DataFrame], DataFrame], str]] = {
