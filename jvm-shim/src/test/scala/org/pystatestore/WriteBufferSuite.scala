@@ -159,7 +159,8 @@ class WriteBufferSuite extends AnyFunSuite {
         val before = folded.now
         folded.write(k, value(1))
         val then = folded.entriesAt(before).map(_._1.getInt(1)).toSet
-        assert(then.size == n && !then.contains(n), "a view taken between a read and a write sees the write")
+        val seesTheWrite = then.contains(n)
+        assert(then.size == n && !seesTheWrite, "a view taken between a read and a write")
         assert(folded.entriesAt(folded.now).size == n + 1, "the newest view misses writes")
         assert(valueOf(folded.read(k, _ => fail("read from the base"))) == Some(1), "read after a write")
       }
