@@ -24,7 +24,8 @@ class ProviderConfSuite extends AnyFunSuite {
     assert(ProviderConf.jvmBlockCacheMB(storeConf()) == RocksViews.DefaultBlockCacheMB)
     assert(ProviderConf.jvmBlockCacheMB(storeConf(Prefix + "jvmBlockCacheMB" -> " 64 ")) == 64L)
     for (bad <- Seq("0", "-3", "lots", "1.5", "")) {
-      val e = intercept[IllegalArgumentException](ProviderConf.jvmBlockCacheMB(storeConf(Prefix + "jvmBlockCacheMB" -> bad)))
+      val e = intercept[IllegalArgumentException](
+        ProviderConf.jvmBlockCacheMB(storeConf(Prefix + "jvmBlockCacheMB" -> bad)))
       assert(e.getMessage == s"${Prefix}jvmBlockCacheMB=$bad is not a positive number of MiB; fix or unset it")
     }
   }
@@ -49,10 +50,12 @@ class ProviderConfSuite extends AnyFunSuite {
     assert(spec.pythonExec == "/opt/py/bin/python3" && spec.pythonExecFrom == Prefix + "pythonExec")
     assert(spec.pythonPath.isEmpty && spec.workers == 3 && spec.callTimeoutMs == 5000L && spec.startTimeoutMs == 60000L)
     val byDefault = WorkerLaunchSpec.resolve(Map.empty).workers // no SparkEnv: the cores, at most 4
-    assert(byDefault >= 1 && byDefault <= math.min(WorkerLaunchSpec.MaxDefaultWorkers, Runtime.getRuntime.availableProcessors()))
+    val cores = Runtime.getRuntime.availableProcessors()
+    assert(byDefault >= 1 && byDefault <= math.min(WorkerLaunchSpec.MaxDefaultWorkers, cores))
     for (bad <- Seq("0", "65", "two")) {
       val e = intercept[IllegalArgumentException](WorkerLaunchSpec.resolve(Map(Prefix + "workers" -> bad)))
-      assert(e.getMessage == s"${Prefix}workers=$bad is not a number of Python workers per JVM from 1 to 64; fix or unset it")
+      assert(e.getMessage ==
+        s"${Prefix}workers=$bad is not a number of Python workers per JVM from 1 to 64; fix or unset it")
     }
     for (name <- Seq("workerStartTimeoutMs", "callTimeoutMs", "workerProbeIntervalMs"); bad <- Seq("0", "-1", "soon")) {
       val e = intercept[IllegalArgumentException](WorkerLaunchSpec.resolve(Map(Prefix + name -> bad)))
@@ -64,8 +67,8 @@ class ProviderConfSuite extends AnyFunSuite {
     val store = StateStoreId("/checkpoint/state", 0, 3)
     def refusal(cf: Boolean, multi: Boolean, views: Boolean, format: String): String = intercept[Exception](
       StoreChecks.layoutSupported(store, cf, multi, views, format)).getMessage
-    assert(refusal(cf = true, multi = false, views = false, "unsaferow").contains(s"(store $store); column families need " +
-      s"${Prefix}backend=rocksdb"))
+    assert(refusal(cf = true, multi = false, views = false, "unsaferow")
+      .contains(s"(store $store); column families need ${Prefix}backend=rocksdb"))
     assert(refusal(cf = true, multi = true, views = true, "Avro").contains(
       "set spark.sql.streaming.stateStore.encodingFormat=unsaferow (the default) before the query's first batch"))
     assert(refusal(cf = false, multi = true, views = true, "unsaferow").contains(
@@ -80,7 +83,8 @@ class ProviderConfSuite extends AnyFunSuite {
     val prefixed = StoreChecks.keyEncoderPrefix(store, keySchema, PrefixKeyScanStateEncoderSpec(keySchema, 1))
     assert(prefixed.map(_.numColsPrefixKey) == Some(1))
     assert(StoreChecks.keyEncoderPrefix(store, keySchema, NoPrefixKeyStateEncoderSpec(keySchema)).isEmpty)
-    val e = intercept[Exception](StoreChecks.keyEncoderPrefix(store, keySchema, RangeKeyScanStateEncoderSpec(keySchema, Seq(1))))
+    val range = RangeKeyScanStateEncoderSpec(keySchema, Seq(1))
+    val e = intercept[Exception](StoreChecks.keyEncoderPrefix(store, keySchema, range))
     assert(e.getMessage.contains(s"does not support RangeKeyScanStateEncoderSpec yet (store $store)"), e.getMessage)
   }
 }

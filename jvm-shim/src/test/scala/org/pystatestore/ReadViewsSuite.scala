@@ -39,7 +39,8 @@ class ReadViewsSuite extends AnyFunSuite {
     new RocksView(dir, 7L, "manifest-7", numKeys, 0L, codec, valueSchema.length, "store test/0/0")
 
   /** Random puts and deletes over keys of 12 prefixes, in three files; returns what the keys end as. */
-  private def randomHistory(codec: KeyCodec, rnd: scala.util.Random): (Seq[Seq[(Array[Byte], Array[Byte])]], Map[Key, Int]) = {
+  private def randomHistory(
+      codec: KeyCodec, rnd: scala.util.Random): (Seq[Seq[(Array[Byte], Array[Byte])]], Map[Key, Int]) = {
     val model = mutable.Map.empty[Key, Int]
     val batches = (0 until 3).map { _ =>
       (0 until 1500).map { _ =>
@@ -146,7 +147,8 @@ class ReadViewsSuite extends AnyFunSuite {
       compareColumn(a._1, b._1)(java.lang.Double.compare),
       compareColumn(a._2, b._2)(java.lang.Long.compare),
       compareColumn(a._3, b._3)(java.lang.Float.compare)).find(_ != 0).getOrElse(0)
-    val byBytes = rows.zipWithIndex.sortWith { case ((a, i), (b, j)) => unsignedLess(encode(a, i), encode(b, j)) }.map(_._1)
+    val byBytes = rows.zipWithIndex
+      .sortWith { case ((a, i), (b, j)) => unsignedLess(encode(a, i), encode(b, j)) }.map(_._1)
     val byValue = rows.sortWith((a, b) => compare(a, b) < 0)
     byBytes.indices.find(i => compare(byBytes(i), byValue(i)) != 0).foreach { i =>
       fail(s"position $i of ${rows.size} in byte order: ${byBytes(i)} where ${byValue(i)} belongs")
@@ -176,7 +178,8 @@ class ReadViewsSuite extends AnyFunSuite {
     val notADb = newDir()
     val broken = view(notADb, rawKeys, 1)
     val e = intercept[IllegalStateException](broken.get(key("k", 1)))
-    assert(e.getMessage.contains(s"store test/0/0 version 7 at $notADb does not open in Spark's rocksdbjni"), e.getMessage)
+    assert(e.getMessage.contains(s"store test/0/0 version 7 at $notADb does not open in Spark's rocksdbjni"),
+      e.getMessage)
     broken.release()
   }
 }

@@ -77,7 +77,8 @@ class RecordSortSuite extends AnyFunSuite {
       (0 until 150).map(_ => head ++ shared ++ bytes(rnd.nextInt(20), edges))
     }
     assertSorted(keys, "grouped keys")
-    assertSorted(Array.fill(300)(0.toByte) +: keys.map(k => Array.fill(30)(0xff.toByte) ++ k), "grouped keys behind one stem")
+    val behindOneStem = Array.fill(300)(0.toByte) +: keys.map(k => Array.fill(30)(0xff.toByte) ++ k)
+    assertSorted(behindOneStem, "grouped keys behind one stem")
   }
 
   test("a write buffer's commit pass visits Spark's key rows in RocksDB's bytewise order") {

@@ -21,7 +21,8 @@ class WorkRootSuite extends AnyFunSuite {
 
   private def newBase(): File = Files.createTempDirectory("pystatestore-workroot-test").toFile
   private def mode(f: File): String = PosixFilePermissions.toString(Files.getPosixFilePermissions(f.toPath, NoFollow))
-  private def chmod(f: File, m: String): Path = Files.setPosixFilePermissions(f.toPath, PosixFilePermissions.fromString(m))
+  private def chmod(f: File, m: String): Path =
+    Files.setPosixFilePermissions(f.toPath, PosixFilePermissions.fromString(m))
   private def me(base: File): UserPrincipal = Files.getOwner(base.toPath, NoFollow)
   /** Another user, where this process may give a file away (only root may; elsewhere those cases are left out). */
   private val otherUser: Option[UserPrincipal] = if (System.getProperty("user.name") != "root") None
@@ -51,7 +52,8 @@ class WorkRootSuite extends AnyFunSuite {
 
     chmod(root.dir, "rwxr-xr-x")
     val loose = refusal(root)
-    assert(loose.contains(s"${root.dir}") && loose.contains("its mode is rwxr-xr-x") && loose.contains("restart this JVM"), loose)
+    assert(loose.contains(s"${root.dir}") && loose.contains("its mode is rwxr-xr-x") &&
+      loose.contains("restart this JVM"), loose)
     chmod(root.dir, "rwx------")
 
     val elsewhere = Files.createTempDirectory("pystatestore-workroot-elsewhere")
@@ -119,7 +121,8 @@ class WorkRootSuite extends AnyFunSuite {
 
     val made = WorkRoot.create(base)
     swept.foreach(d => assert(!Files.exists(d.toPath, NoFollow), s"$d was left"))
-    (kept ++ theirs :+ new File(base, "elsewhere")).foreach(d => assert(new File(d, "worker-1.log").exists(), s"$d was swept"))
+    (kept ++ theirs :+ new File(base, "elsewhere"))
+      .foreach(d => assert(new File(d, "worker-1.log").exists(), s"$d was swept"))
     assert(Files.isSymbolicLink(linked.toPath) && planted.isFile && made.dir.isDirectory)
     assert(Files.exists(outside.resolve("keep")), "the sweep followed a link out of a root")
   }

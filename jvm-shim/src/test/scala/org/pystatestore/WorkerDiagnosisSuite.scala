@@ -37,9 +37,10 @@ class WorkerDiagnosisSuite extends AnyFunSuite {
   private def v2Events(oomKills: Int): String =
     s"low 0\nhigh 0\nmax 41\noom ${oomKills + 3}\noom_kill $oomKills\noom_group_kill 0\n"
 
-  test("cgroup v2: a kill counted in memory.events since the worker started is named, with the group and its memory.max") {
+  test("cgroup v2: a kill counted in memory.events since the worker started is named, with its group and memory.max") {
     val scope = "/system.slice/spark-executor-3.scope"
-    val host = new FakeHost(s"0::$scope\n", s"$scope/memory.events" -> v2Events(2), s"$scope/memory.max" -> s"${90 * MiB}\n")
+    val host = new FakeHost(s"0::$scope\n",
+      s"$scope/memory.events" -> v2Events(2), s"$scope/memory.max" -> s"${90 * MiB}\n")
     val cgroup = host.cgroup.getOrElse(fail("the worker's cgroup v2 group was not found"))
     assert(cgroup.path == scope && cgroup.oomKills == Some(2L) && cgroup.limitText == " (limit 90 MiB)")
     val atStart = cgroup.oomKills
@@ -57,7 +58,8 @@ class WorkerDiagnosisSuite extends AnyFunSuite {
 
     host.set(s"$scope/memory.max", "max\n") // no limit of its own
     assert(cgroup.limitText == "")
-    assert(WorkerDiagnosis.exit(137, 0, 0, Some(cgroup), atStart)._1.contains(s"its memory cgroup $scope counted 1 kill(s)"))
+    val (unlimited, _) = WorkerDiagnosis.exit(137, 0, 0, Some(cgroup), atStart)
+    assert(unlimited.contains(s"its memory cgroup $scope counted 1 kill(s)"), unlimited)
   }
 
   test("cgroup v2 at the root of a container's namespace (0::/)") {
@@ -106,7 +108,8 @@ class WorkerDiagnosisSuite extends AnyFunSuite {
     val v2 = lines.collect { case l if l.startsWith("0::") =>
       l.drop(3) -> new File(s"/sys/fs/cgroup${l.drop(3)}/memory.events") }
     val counted = (v1 ++ v2).filter { case (_, f) =>
-      f.isFile && new String(Files.readAllBytes(f.toPath), StandardCharsets.UTF_8).linesIterator.exists(_.startsWith("oom_kill "))
+      f.isFile &&
+        new String(Files.readAllBytes(f.toPath), StandardCharsets.UTF_8).linesIterator.exists(_.startsWith("oom_kill "))
     }
     val found = WorkerDiagnosis.memoryCgroup(pid)
     assert(found.map(_.path) == counted.headOption.map(_._1), s"/proc/$pid/cgroup: ${lines.mkString(" | ")}")
@@ -125,7 +128,8 @@ class WorkerDiagnosisSuite extends AnyFunSuite {
 
   private val spec = WorkerLaunchSpec("/opt/py/bin/python3", None, 1000L, pythonExecFrom = "spark.pyspark.python")
   private val log = new File("/tmp/pystatestore-1-2/worker-1.log")
-  private val traceback = "Traceback (most recent call last):\n  File \"<frozen runpy>\", line 189, in _run_module_as_main\n"
+  private val traceback =
+    "Traceback (most recent call last):\n  File \"<frozen runpy>\", line 189, in _run_module_as_main\n"
 
   test("a worker whose Python lacks one of the worker's packages is told to install pystatestore for it") {
     val told = WorkerDiagnosis.didNotRegister(spec, "exited with code 1 before it registered", log,

@@ -95,7 +95,8 @@ class WriteBufferSuite extends AnyFunSuite {
         val inPrefix = expected.filter(_._1._1 == p)
         assertSameEntries(entries(buffer.entriesAt(at, scan)), inPrefix, s"prefix scan of $p, view $i")
         val sortedScan = buffer.sortedEntriesAt(at, scan)
-        assertSameEntries(sortedScan.map(e => keyOf(e._2) -> valueOf(e._3)), inPrefix, s"sorted prefix scan of $p, view $i")
+        assertSameEntries(sortedScan.map(e => keyOf(e._2) -> valueOf(e._3)), inPrefix,
+          s"sorted prefix scan of $p, view $i")
       }
     }
 
@@ -148,7 +149,8 @@ class WriteBufferSuite extends AnyFunSuite {
         val seen = mutable.Map.empty[Int, (Boolean, Option[Int])]
         folded.foreachWrite() { (flags, bytes, keyAt, keyLength, valueAt, valueLength) =>
           val i = folded.decodeKey(bytes, keyAt, keyLength).getInt(1)
-          val v = if (WriteBuffer.isDelete(flags)) None else Some(folded.decodeValue(bytes, valueAt, valueLength).getInt(0))
+          val v = if (WriteBuffer.isDelete(flags)) None
+            else Some(folded.decodeValue(bytes, valueAt, valueLength).getInt(0))
           assert(!seen.contains(i), s"k$i visited twice")
           seen(i) = (WriteBuffer.presentInBase(flags)(fail(s"k$i: the read mark's answer was lost")), v)
         }
