@@ -7,8 +7,9 @@ PYSTATESTORE_SPARK_JARS_<4_2> (a directory), else from pyspark <release> install
 the machine's cache, ~/.cache/pystatestore/pyspark-<release>: pip's cache means each release is
 downloaded at most once per machine, and every clone and CI run reuses the installed copy.
 
-Used by the wheel build (setup.py: all minors), by the test and bench scripts (`--provision`,
-`--pyspark-path`), and by hand; gradle does the same for one minor through a JavaExec task.
+Used by the wheel build (setup.py: all minors, unless PYSTATESTORE_PREBUILT_JARS names jars gradle
+built), by the test and bench scripts and build.gradle (`--provision`, `--pyspark-path`), and by
+hand; build.gradle compiles the same way, a task per minor, rebuilding only what changed.
 """
 
 from __future__ import annotations

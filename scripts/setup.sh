@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for pystatestore: Java 17 and gradle from Debian, a venv with the pinned
-# Python packages, the shim jar built by gradle (offline), and pystatestore installed as a wheel
-# built by 'pip install .' (which compiles the jar into the wheel). Safe to run again.
+# Python packages, the shim jars built by gradle, and pystatestore installed as a wheel built by
+# 'pip install .' (which takes those jars). Safe to run again: what has not changed is not rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,30 +26,37 @@ fi
 echo "setup: the supported Spark minors' pyspark (cached per machine)"
 .venv/bin/python scripts/build_jar.py --provision > /dev/null
 
-# gradle builds the shim of every supported minor (about 25 s each) against the jars the wheel's are
-# compiled against (that minor's pyspark in the cache): tests/test_packaging.py checks, on each
-# minor, that both hold the same classes.
+# One gradle run builds every supported minor's shim jar (jvm-shim/src/minors.txt), each against that
+# minor's pyspark jars/ in the cache, and compiles a minor again only when its sources or its Spark
+# jars changed (up-to-date checks; about 25 s a minor when they did). tests/test_packaging.py checks
+# that gradle's jar and the wheel's hold the same classes. No --offline: the first scalaTest run
+# fetches its pinned library from Maven Central into ~/.gradle (decision 0047).
+# --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
+# and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
+echo "setup: the shim jars of every Spark minor (gradle; compiles only what changed)"
 mkdir -p .gradle
+# A failed build fails setup, and gradle deletes the jar of a minor whose compile failed: the tests
+# never run against a jar left over from an earlier build.
+if ! gradle --no-daemon -q jar > .gradle/build.log 2>&1; then
+  grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
+  echo "setup: gradle failed to build the shim jars (log above)" >&2
+  exit 1
+fi
 minors=$(.venv/bin/python -c "import sys; sys.path.insert(0, 'python'); from pystatestore.spark_minors import BUILT_AGAINST; print(' '.join(BUILT_AGAINST))")
 for minor in $minors; do
   jar=jvm-shim/build/libs/pystatestore-shim-spark$minor.jar
-  echo "setup: building the shim jar for Spark $minor with gradle (offline)"
-  # A failed build must fail setup: never run the tests against a jar left over from an earlier build.
-  rm -f "$jar"
-  jars=$(.venv/bin/python scripts/build_jar.py --pyspark-path "$minor")/pyspark/jars
-  # --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
-  # and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
-  if ! gradle --offline --no-daemon -q jar -PsparkJars="$jars" > .gradle/build.log 2>&1; then
-    grep -vE "^(openjdk|OpenJDK)" .gradle/build.log >&2
-    echo "setup: gradle failed to build the shim jar for Spark $minor (log above)" >&2
-    exit 1
-  fi
-  test -f "$jar"
+  [ -f "$jar" ] || { echo "setup: gradle built no $jar (is Spark $minor in jvm-shim/src/minors.txt?)" >&2; exit 1; }
 done
 
-echo "setup: pip install . (wheel with a jar per Spark minor inside)"
+echo "setup: pip install . (wheel with a jar per Spark minor inside: the ones gradle just built)"
 # setuptools builds in build/ and never removes what it copied there before: a module moved or
 # deleted since the last install would otherwise still ship in the wheel.
 rm -rf build
-.venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall . 2>&1 | grep -v "^WARNING: Location" || true
+if ! PYSTATESTORE_PREBUILT_JARS="$PWD/jvm-shim/build/libs" .venv/bin/pip install -q --disable-pip-version-check \
+    --no-deps --force-reinstall . > .gradle/pip-install.log 2>&1; then
+  cat .gradle/pip-install.log >&2
+  echo "setup: pip install . failed (log above)" >&2
+  exit 1
+fi
+grep -v "^WARNING: Location" .gradle/pip-install.log || true
 .venv/bin/python -c "import pystatestore; print('setup: shim jar', pystatestore.jar_path())"

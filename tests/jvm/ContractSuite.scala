@@ -20,7 +20,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 
-import org.pystatestore.{PythonStateStoreProvider, RawKeys, Release, StateWorker, WriteBuffer}
+import org.pystatestore.{PythonStateStoreProvider, Release, StateWorker}
 
 /**
  * The provider contract, driven directly in a JVM (DESIGN §7), after Spark's StateStoreSuiteBase
@@ -158,102 +158,6 @@ object ContractSuite {
     check(seen == 3, s"iterated $seen rows")
     check(contents(s).keySet.forall(_._1.startsWith("new")), s"after removing while iterating: ${contents(s)}")
     s.commit(); p.close()
-  }
-
-  scenario("write_buffer_sorts_keys_in_rocksdbs_bytewise_order") {
-    // The commit's frame must reach RocksDB in unsigned byte order. The referee is the JDK's
-    // Arrays.compareUnsigned over each key's bytes, not the buffer's own sort. Keys of every shape
-    // the sort treats apart: short and long, shared prefixes of many lengths (ties past 8, 16 and
-    // 40 bytes), trailing zero bytes, negative ints (high bytes 0xff), the empty string, and enough
-    // of them for the radix passes (small ranges sort by comparison).
-    val rnd = new scala.util.Random(11)
-    val shared = Seq("", "a", "abcdefg", "abcdefgh", "abcdefghijklmnop", "x" * 40, "\u0000", "\u00ff\u00fe")
-    val keys = (for (i <- 0 until 6000) yield {
-      val stem = shared(rnd.nextInt(shared.size))
-      val tail = if (rnd.nextInt(4) == 0) "" else rnd.alphanumeric.take(rnd.nextInt(12)).mkString
-      val padded = if (rnd.nextInt(10) == 0) tail + "\u0000" * rnd.nextInt(3) else tail
-      (stem + padded, if (rnd.nextBoolean()) rnd.nextInt() else rnd.nextInt(3) - 1)
-    }).distinct
-    for (n <- Seq(keys.size, 65, 3)) {
-      val buffer = new WriteBuffer(new RawKeys(keySchema.length), valueSchema.length)
-      try {
-        keys.take(n).foreach { case (k, i) => buffer.write(key(k, i), value(i)) }
-        val seen = mutable.ArrayBuffer.empty[Array[Byte]]
-        buffer.foreachWrite(sorted = true) { (_, bytes, keyAt, keyLength, _, _) =>
-          seen += java.util.Arrays.copyOfRange(bytes, keyAt, keyAt + keyLength)
-        }
-        val expected = keys.take(n).map { case (k, i) => key(k, i).getBytes }
-          .sortWith((a, b) => java.util.Arrays.compareUnsigned(a, b) < 0)
-        check(seen.size == expected.size, s"$n keys written, ${seen.size} visited")
-        val wrong = seen.indices.find(j => !java.util.Arrays.equals(seen(j), expected(j)))
-        check(wrong.isEmpty, s"$n keys: position ${wrong.get} out of bytewise order")
-      } finally buffer.close()
-    }
-  }
-
-  scenario("write_buffer_reports_what_its_records_use_not_the_pages_it_maps") {
-    // Past its first pages a buffer takes pages of 32 MiB of address space (so glibc maps each
-    // apart and unmaps it when freed), of which only what the records fill becomes resident. The
-    // memory it reports must follow the bytes written: between the keys' and values' bytes and those
-    // plus a generous per-record overhead, however little of its newest page is used.
-    val buffer = new WriteBuffer(new RawKeys(keySchema.length), valueSchema.length)
-    try {
-      var payload = 0L
-      for (i <- 0 until 200000) {
-        val (k, v) = (key("k" + i, i), value(i))
-        buffer.write(k, v)
-        payload += k.getSizeInBytes + v.getSizeInBytes
-      }
-      val reported = buffer.memoryBytes
-      val bound = payload + 64L * 200000 + 48L * 200000 + (1L << 20) // headers, index slots, small pages
-      check(reported >= payload, s"reports $reported bytes for $payload bytes of keys and values")
-      check(reported <= bound, s"reports $reported bytes for $payload bytes of keys and values (at most $bound)")
-      val first = buffer.read(key("k0", 0), _ => null)
-      val last = buffer.read(key("k199999", 199999), _ => null)
-      check(first != null && first.getInt(0) == 0 && last != null && last.getInt(0) == 199999, "reads across pages")
-    } finally buffer.close()
-  }
-
-  scenario("write_buffer_folds_a_read_mark_into_the_write_that_follows") {
-    // Spark reads a key, then writes it: the write takes the place of the read mark (one record per
-    // key, not two) but keeps what the mark knew of the base, and a point-in-time view taken
-    // between the read and the write still does not see the write.
-    val n = 100000
-    val folded = new WriteBuffer(new RawKeys(keySchema.length), valueSchema.length)
-    val writesOnly = new WriteBuffer(new RawKeys(keySchema.length), valueSchema.length)
-    try {
-      for (i <- 0 until n) {
-        val k = key("k" + i, i)
-        check(folded.read(k, _ => if (i % 3 == 0) value(-i) else null) == (if (i % 3 == 0) value(-i) else null),
-          s"read of k$i from the base")
-        folded.write(k, if (i % 5 == 4) null else value(i))
-        writesOnly.write(k, if (i % 5 == 4) null else value(i))
-      }
-      // Slack for a mark left at the end of a page when its write did not fit there (a few pages);
-      // a mark kept per key would be ~4 MB more.
-      check(folded.memoryBytes <= writesOnly.memoryBytes + (64 << 10),
-        s"$n keys read then written hold ${folded.memoryBytes} bytes, written only ${writesOnly.memoryBytes}")
-      val seen = mutable.Map.empty[Int, (Boolean, Option[Int])]
-      folded.foreachWrite() { (flags, bytes, keyAt, keyLength, valueAt, valueLength) =>
-        val i = folded.decodeKey(bytes, keyAt, keyLength).getInt(1)
-        val v = if (WriteBuffer.isDelete(flags)) None else Some(folded.decodeValue(bytes, valueAt, valueLength).getInt(0))
-        check(!seen.contains(i), s"k$i visited twice")
-        seen(i) = (WriteBuffer.presentInBase(flags)(sys.error(s"k$i: the read mark's answer was lost")), v)
-      }
-      check(seen.size == n, s"${seen.size} writes visited, $n made")
-      for (i <- 0 until n) {
-        val expected = (i % 3 == 0, if (i % 5 == 4) None else Some(i))
-        check(seen(i) == expected, s"k$i: visited ${seen(i)}, expected $expected")
-      }
-      val k = key("k" + n, n)
-      folded.read(k, _ => null)
-      val before = folded.now
-      folded.write(k, value(1))
-      val then = folded.entriesAt(before).map(_._1.getInt(1)).toSet
-      check(then.size == n && !then.contains(n), s"a view taken between a read and a write: ${then.size} keys, k$n among them: ${then.contains(n)}")
-      check(folded.entriesAt(folded.now).size == n + 1, "the newest view misses writes")
-      check(intOf(folded.read(k, _ => sys.error("read from the base"))) == Some(1), "read after a write")
-    } finally { folded.close(); writesOnly.close() }
   }
 
   scenario("write_buffer_matches_a_map_across_pages_overwrites_and_point_in_time_scans") {

@@ -2,7 +2,7 @@ package org.pystatestore
 
 import java.io.File
 import java.nio.charset.StandardCharsets
-import java.nio.file.{Files, Paths}
+import java.nio.file.Files
 
 import scala.util.control.NonFatal
 
@@ -73,17 +73,21 @@ private[pystatestore] object WorkerDiagnosis {
    * and whether the kernel's out-of-memory killer is known (its memory cgroup counted a kill since
    * the worker started) or likely (SIGKILL) to have done it, with the worker's memory use.
    */
-  def exit(worker: RunningWorker): (String, String) = {
-    val code = worker.process.exitValue()
+  def exit(worker: RunningWorker): (String, String) = exit(worker.process.exitValue(), worker.lastRssBytes,
+    worker.peakRssBytes, worker.memoryCgroup, worker.oomKillsAtStart)
+
+  /** `exit` of a worker that ended with `code`, its memory as last sampled, its cgroup's kills at its start. */
+  def exit(code: Int, lastRssBytes: Long, peakRssBytes: Long, memoryCgroup: Option[MemoryCgroup],
+      oomKillsAtStart: Option[Long]): (String, String) = {
     // Java reports a process ended by signal N as exit code 128 + N.
     val signal = if (code > 128 && code < 128 + 65) Some(code - 128) else None
-    val rss = if (worker.lastRssBytes > 0) {
-      val peak = if (worker.peakRssBytes > worker.lastRssBytes) s", peak ${worker.peakRssBytes >> 20} MiB" else ""
-      s"; its resident memory was last seen at ${worker.lastRssBytes >> 20} MiB$peak"
+    val rss = if (lastRssBytes > 0) {
+      val peak = if (peakRssBytes > lastRssBytes) s", peak ${peakRssBytes >> 20} MiB" else ""
+      s"; its resident memory was last seen at ${lastRssBytes >> 20} MiB$peak"
     } else "; its resident memory was never sampled"
     val memoryAdvice = "Give the executors more memory outside the JVM heap (spark.executor.memoryOverhead), or " +
       s"run fewer workers per executor (${WorkerLaunchSpec.ConfPrefix}workers)"
-    val oom = worker.memoryCgroup.flatMap(c => c.killsSince(worker.oomKillsAtStart).map(c -> _))
+    val oom = memoryCgroup.flatMap(c => c.killsSince(oomKillsAtStart).map(c -> _))
     (signal, oom) match {
       case (_, Some((cgroup, kills))) if kills > 0 =>
         (s"died, killed by the kernel's out-of-memory killer (exit code $code; its memory cgroup ${cgroup.path}" +
@@ -97,9 +101,9 @@ private[pystatestore] object WorkerDiagnosis {
     }
   }
 
-  /** (VmRSS, VmHWM) of a live process, in bytes, from /proc. */
-  def residentMemory(pid: Long): Option[(Long, Long)] = try {
-    val fields = new String(Files.readAllBytes(Paths.get(s"/proc/$pid/status")), StandardCharsets.UTF_8)
+  /** (VmRSS, VmHWM) of a live process, in bytes, from /proc (`proc`: another root, for tests). */
+  def residentMemory(pid: Long, proc: File = new File("/proc")): Option[(Long, Long)] = try {
+    val fields = new String(Files.readAllBytes(new File(proc, s"$pid/status").toPath), StandardCharsets.UTF_8)
       .split('\n').map(_.split(":\\s+", 2)).collect { case Array(k, v) => k -> v }.toMap
     def kib(name: String) = fields.get(name).map(_.trim.stripSuffix(" kB").trim.toLong * 1024)
     for (rss <- kib("VmRSS"); peak <- kib("VmHWM")) yield (rss, peak)
@@ -116,17 +120,23 @@ private[pystatestore] object WorkerDiagnosis {
       .filter(l => l > 0 && l < (1L << 60)).map(l => s" (limit ${l >> 20} MiB)").getOrElse("")
   }
 
-  /** The memory cgroup of process `pid`, if this host exposes one with an OOM-kill counter. */
-  def memoryCgroup(pid: Long): Option[MemoryCgroup] = try {
-    val lines = new String(Files.readAllBytes(Paths.get(s"/proc/$pid/cgroup")), StandardCharsets.UTF_8).split('\n')
+  /**
+   * The memory cgroup of process `pid`, if this host exposes one with an OOM-kill counter: the v1
+   * memory controller's (`memory.oom_control`) or cgroup v2's (`memory.events`), as
+   * `<proc>/<pid>/cgroup` names them under `cgroupFs` (other roots: for tests).
+   */
+  def memoryCgroup(pid: Long, proc: File = new File("/proc"), cgroupFs: File = new File("/sys/fs/cgroup"))
+      : Option[MemoryCgroup] = try {
+    val lines = new String(Files.readAllBytes(new File(proc, s"$pid/cgroup").toPath), StandardCharsets.UTF_8)
+      .split('\n')
     val v1 = lines.collectFirst {
       case l if l.split(":", 3).length == 3 && l.split(":", 3)(1).split(',').contains("memory") => l.split(":", 3)(2)
     }.map { p =>
-      val dir = new File("/sys/fs/cgroup/memory" + p)
+      val dir = new File(cgroupFs, "memory" + p)
       MemoryCgroup(p, new File(dir, "memory.oom_control"), Some(new File(dir, "memory.limit_in_bytes")))
     }
     val v2 = lines.collectFirst { case l if l.startsWith("0::") => l.substring(3) }.map { p =>
-      val dir = new File("/sys/fs/cgroup" + p)
+      val dir = new File(cgroupFs.getPath + p)
       MemoryCgroup(p, new File(dir, "memory.events"), Some(new File(dir, "memory.max")))
     }
     (v1.toSeq ++ v2.toSeq).find(_.oomKills.isDefined)
