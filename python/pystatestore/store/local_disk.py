@@ -26,6 +26,11 @@ from typing import BinaryIO
 class LocalDisk:
     """The real disk: each method is the system call it names, then the fsyncs that make it last."""
 
+    def __init__(self) -> None:
+        # (path, device, inode) of the directories whose names this process made durable in their
+        # parents (`make_dirs`): synced once, not on every commit.
+        self._durable_names: set[tuple[str, int, int]] = set()
+
     def sync_file(self, file: BinaryIO, point: str) -> None:
         """Flushes `file` (open for writing) and fsyncs its data."""
         file.flush()
@@ -60,25 +65,47 @@ class LocalDisk:
         """One new directory, its name unsynced (see `make_dirs` for durable ones)."""
         os.mkdir(path, mode)
 
-    def make_dirs(self, path: str, point: str, *, mode: int = 0o777) -> list[str]:
-        """Creates `path` and its missing parents, each made durable in its parent before the next
-        is created in it; returns the directories created (outermost first)."""
-        missing = []
-        p = os.path.normpath(path)
-        while not os.path.lexists(p):
-            missing.append(p)
-            parent = os.path.dirname(p)
-            if parent == p:
-                break
-            p = parent
+    def make_dirs(self, path: str, point: str, *, root: str, mode: int = 0o777) -> list[str]:
+        """Makes directory `path` and every directory from `root` down to it durable: each missing
+        one is created and synced into its parent before the next is created in it; each that
+        already exists has its name synced into its parent too, once per process, since whoever
+        made it may never have (Spark makes a checkpoint's `state/` and `state/<op>/` with no
+        fsync, and a killed attempt can leave one made but unsynced). `root`'s own name counts:
+        a checkpoint whose directory a power cut takes loses every store in it. Directories
+        above `root` are created where missing and otherwise left alone. Returns the directories
+        created (outermost first)."""
+        target, top = os.path.normpath(path), os.path.normpath(root)
+        if target != top and not target.startswith(top.rstrip(os.sep) + os.sep):
+            raise ValueError(f"{path!r} is not below {root!r}")
+        chain = [target]
+        while chain[-1] != top:
+            chain.append(os.path.dirname(chain[-1]))
+        above = os.path.dirname(top)
+        while above != os.path.dirname(above) and not os.path.lexists(above):
+            chain.append(above)  # missing above the root: created, and so synced, like the rest
+            above = os.path.dirname(above)
         created = []
-        for d in reversed(missing):
+        for d in reversed(chain):
             try:
-                self.mkdir(d, mode)
-            except FileExistsError:
-                continue  # made meanwhile by another writer, who makes it durable
-            self.sync_dir(os.path.dirname(d), point)
-            created.append(d)
+                st = os.stat(d)
+            except FileNotFoundError:
+                try:
+                    self.mkdir(d, mode)
+                    created.append(d)
+                except FileExistsError:
+                    pass  # made meanwhile by another writer: synced below unless it already did
+                st = os.stat(d)
+            key = (d, st.st_dev, st.st_ino)  # a directory removed and made again is a new one
+            if key in self._durable_names:
+                continue
+            try:
+                self.sync_dir(os.path.dirname(d), point)
+            except PermissionError:
+                if d in created or d != top:
+                    raise
+                # The root's parent may be one the query cannot read (a mount point of mode 0711):
+                # its name is as durable as whoever made it left it, and nothing here can do better.
+            self._durable_names.add(key)
         return created
 
     def replace(self, src: str, dst: str, point: str) -> None:
