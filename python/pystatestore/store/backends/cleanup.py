@@ -92,19 +92,26 @@ def delete(remote: RemoteStore, planned: RetentionPlan, fault_point: Callable[[s
     """Deletes what `planned` names; returns how many attempt directories it removed. Manifests go
     first, so a crash part-way leaves only unreferenced files, which the next run (recomputing the
     same plan) removes."""
-    # Newest first: a version's chain only reaches down, so whatever part of the run a crash (or a
-    # power cut, which keeps some first part of the removals) leaves done, every manifest still there
-    # has its chain whole. Snapshot manifests go next, before the files they name, and all those
-    # removals are made durable before any file goes, or a power cut could bring a manifest back
-    # whose files were gone for good.
+    # Newest first, each removal durable before the next: a version's chain only reaches down, so
+    # wherever a crash or a power cut stops the run, every manifest still there has its chain whole.
+    # A power cut may keep any of the removals not yet synced (not only a first part of them), so
+    # without a sync in between it could keep an older manifest's removal and undo a newer one's,
+    # leaving that one with a hole in its chain. Snapshot manifests go next (no manifest left needs
+    # them), made durable before any file goes, or a power cut could bring a manifest back whose
+    # files were gone for good.
     by_version = sorted(planned.delete_manifests, key=lambda rel: version_of_manifest(rel) or -1, reverse=True)
-    manifests = [*by_version, *(r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/"))]
+    snapshots = [r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/")]
     files = [r for r in planned.delete_files if not r.startswith(SNAPSHOT_DIR + "/")]
-    for rel in manifests:
+    for n, rel in enumerate(by_version):
         remote.delete(rel)
         fault_point("gc:deleted")
-    if manifests and files:
-        remote.sync_removals(manifests)
+        if n + 1 < len(by_version) or snapshots or files:
+            remote.sync_removals([rel])
+    for rel in snapshots:
+        remote.delete(rel)
+        fault_point("gc:deleted")
+    if snapshots and files:
+        remote.sync_removals(snapshots)
     for rel in files:
         remote.delete(rel)
         fault_point("gc:deleted")
