@@ -205,14 +205,16 @@ class RemoteStore:
         elif not self.object_store:
             self.fs.create_dir(posixpath.dirname(path), recursive=True)
 
-    def publish(self, rel: str, data: bytes) -> None:
+    def publish(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Publishes a file all at once, durably: readers see the old content or the new, never a part.
 
         Object stores: one PUT. Local disks: a temporary file written and fsynced, renamed over the
-        final name, the directory fsynced. Elsewhere a temporary renamed over the final name; where
-        rename cannot replace an existing file (HDFS), the old file is first renamed aside
-        (`.replaced-<name>-<uuid>`) and the new one renamed in; a reader that finds no final file
-        takes the newest file set aside, so a crash between the two renames loses nothing.
+        final name, the directory fsynced (not `durable`: neither fsync, for a file nothing needs
+        after a power cut, such as a lease, which a power cut makes moot by ending its attempt).
+        Elsewhere a temporary renamed over the final name; where rename cannot replace an existing
+        file (HDFS), the old file is first renamed aside (`.replaced-<name>-<uuid>`) and the new one
+        renamed in; a reader that finds no final file takes the newest file set aside, so a crash
+        between the two renames loses nothing.
         """
         path = self._abs(rel)
         parent = posixpath.dirname(path)
@@ -224,9 +226,12 @@ class RemoteStore:
         name = posixpath.basename(path)
         tmp = posixpath.join(parent, f".tmp-{name}-{uuid.uuid4().hex}")
         if self.is_local:
-            local_disk.DISK.write(tmp, data, durability_point(rel, "data"))
+            local_disk.DISK.write(tmp, data, durability_point(rel, "data") if durable else None)
             try:
-                local_disk.DISK.replace(tmp, path, durability_point(rel, "name"))
+                if durable:
+                    local_disk.DISK.replace(tmp, path, durability_point(rel, "name"))
+                else:
+                    local_disk.DISK.rename(tmp, path)
             except OSError:
                 self._delete_quietly(tmp)
                 raise
