@@ -56,10 +56,21 @@ class LocalDisk:
             if point is not None:
                 self.sync_file(out, point)
 
-    def copy_file(self, src: str, dst: str) -> None:
-        """Copies `src`'s bytes to a new `dst`, unsynced (see `write` with no point)."""
+    def copy_file(self, src: str, dst: str, point: str | None = None) -> None:
+        """Copies `src`'s bytes to a new `dst`, its data fsynced at `point` (with none, unsynced:
+        see `write`)."""
         with open(src, "rb") as source, self.open_new(dst, exclusive=True) as out:
             shutil.copyfileobj(source, out, 1 << 20)
+            if point is not None:
+                self.sync_file(out, point)
+
+    def sync_path(self, path: str, point: str) -> None:
+        """Fsyncs the data of the existing file `path`, which another process wrote (a JVM)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def mkdir(self, path: str, mode: int = 0o777) -> None:
         """One new directory, its name unsynced (see `make_dirs` for durable ones)."""
