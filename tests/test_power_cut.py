@@ -209,3 +209,25 @@ def test_directories_spark_made_are_made_durable_once(disk_root: Path) -> None:
     assert other == ["ckpt/state/0", "ckpt/state/0/2", "ckpt/state/0/2/left-keyToNumValues"] + [
         "ckpt/state/0/2/left-keyToNumValues/manifests"
     ]
+
+
+def test_the_directories_known_durable_are_bounded(disk_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits make an attempt directory each: the process remembers only the directories used
+    last, and one it forgot is synced again (once), not trusted."""
+    monkeypatch.setattr(local_disk, "DURABLE_NAMES_KEPT", 4)
+    disk_root.mkdir(parents=True)
+    disk = RecordingDisk(disk_root)
+
+    def syncs_of(path: Path) -> int:
+        before = len(disk.events)
+        disk.make_dirs(str(path), "directory:name", root=str(disk_root))
+        return sum(e.op == "dirsync" for e in disk.events[before:])
+
+    assert syncs_of(disk_root / "a") == 1  # a's name (the root's own is synced outside the log)
+    assert syncs_of(disk_root / "a") == 0
+    for n in range(2):
+        assert syncs_of(disk_root / f"attempt-{n}") == 1
+    assert syncs_of(disk_root / "a") == 0  # still among the four used last (with the root)
+    for n in range(2, 5):
+        syncs_of(disk_root / f"attempt-{n}")
+    assert syncs_of(disk_root / "a") == 1  # forgotten: its name synced again

@@ -20,7 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
+from collections import OrderedDict
 from typing import BinaryIO
+
+# How many directories `make_dirs` remembers as durable: every store's few, with room for the
+# attempt directories commits make once each (least recently used forgotten first: a directory
+# forgotten is synced once more, nothing else).
+DURABLE_NAMES_KEPT = 8192
 
 
 class LocalDisk:
@@ -29,7 +36,8 @@ class LocalDisk:
     def __init__(self) -> None:
         # (path, device, inode) of the directories whose names this process made durable in their
         # parents (`make_dirs`): synced once, not on every commit.
-        self._durable_names: set[tuple[str, int, int]] = set()
+        self._durable_names: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        self._names_lock = threading.Lock()  # uploads call make_dirs from several threads
 
     def sync_file(self, file: BinaryIO, point: str) -> None:
         """Flushes `file` (open for writing) and fsyncs its data."""
@@ -107,7 +115,7 @@ class LocalDisk:
                     pass  # made meanwhile by another writer: synced below unless it already did
                 st = os.stat(d)
             key = (d, st.st_dev, st.st_ino)  # a directory removed and made again is a new one
-            if key in self._durable_names:
+            if self._known_durable(key):
                 continue
             try:
                 self.sync_dir(os.path.dirname(d), point)
@@ -116,8 +124,18 @@ class LocalDisk:
                     raise
                 # The root's parent may be one the query cannot read (a mount point of mode 0711):
                 # its name is as durable as whoever made it left it, and nothing here can do better.
-            self._durable_names.add(key)
+            with self._names_lock:
+                self._durable_names[key] = None
+                if len(self._durable_names) > DURABLE_NAMES_KEPT:
+                    self._durable_names.popitem(last=False)
         return created
+
+    def _known_durable(self, key: tuple[str, int, int]) -> bool:
+        with self._names_lock:
+            if key not in self._durable_names:
+                return False
+            self._durable_names.move_to_end(key)
+            return True
 
     def replace(self, src: str, dst: str, point: str) -> None:
         """rename(2) of `src` over `dst`, atomic; durable once this returns."""
