@@ -9,14 +9,17 @@ the power gone after any event of that log, by the rules filesystems keep (and n
   (a torn tail) or not at all;
 - a name (a create, rename, hard link, new directory, removal) is on disk once the directory
   holding it was fsynced after the change (both directories for a rename between two); of the
-  others, some first part survives, in the order they were made (a journal's order); a rename
-  happens whole or not at all;
+  others, some survive: a first part, in the order they were made (`mixed`: a journal's order),
+  or any of them (`subset`: a filesystem that writes names back in its own order); a rename
+  happens whole or not at all, and a name in a directory that did not survive is gone with it;
 - a hard link from outside the root brings bytes RocksDB has fsynced (a checkpoint's SST); a file
-  renamed in from outside brings bytes nobody fsynced.
-Each image is one of three kinds: `lost` (everything not synced is gone: empty files, no names),
-`kept` (everything is there: what a killed process leaves) and `mixed` (how many of the unsynced
-names survive, and for each file whether its unsynced bytes are gone, torn or whole, drawn from a
-seeded generator).
+  renamed in from outside brings bytes nobody fsynced; directories another process made
+  (`mkdirs_unsynced`: Spark's `state/<op>/`) are names nobody synced.
+Each image is one of four kinds: `lost` (everything not synced is gone: empty files, no names),
+`kept` (everything is there: what a killed process leaves), `mixed` and `subset` (which unsynced
+names survive as above, and for each file whether its unsynced bytes are gone, torn or whole, drawn
+from a seeded generator). A log may start from a disk that already holds files (`base`: the image
+of an earlier cut, which a restart then writes over), all of it durable.
 
 A point an fsync names can be left out (`off`): the log then shows no fsync there, so the images
 are those of a product without that fsync. This file imports nothing of the product's storage code
@@ -32,7 +35,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,7 +43,7 @@ from typing import Any, BinaryIO
 from pystatestore.store.local_disk import LocalDisk
 
 DIR = None  # an image's value for a directory
-KINDS = ("lost", "kept", "mixed")
+KINDS = ("lost", "kept", "mixed", "subset")
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,14 @@ class _RecordedFile:
 class RecordingDisk(LocalDisk):
     """The real disk, with every change under `root` written down (see the module's docstring)."""
 
-    def __init__(self, root: Path, off: Iterable[str] = ()) -> None:
+    def __init__(self, root: Path, off: Iterable[str] = (), base: Mapping[str, bytes | None] | None = None) -> None:
+        """`base`: what `root` holds already (an earlier cut's image, as `crash_image` is given it)."""
+        super().__init__()
         self.root = os.path.realpath(root)
         self.off = frozenset(off)
         self.events: list[Event] = []
         self.points: set[str] = set()  # every point an fsync named, left out or not
-        self._inodes: dict[str, int] = {}  # path under the root -> inode, as the log has it
+        self._inodes: dict[str, int] = base_inodes(base or {})  # path under the root -> inode, as the log has it
         self._next_inode = itertools.count()
         self._lock = threading.RLock()  # uploads run on several threads
 
@@ -109,6 +114,21 @@ class RecordingDisk(LocalDisk):
         with self._lock:
             self._log(Event("ack", ack=what))
 
+    def mkdirs_unsynced(self, path: Path) -> None:
+        """What another process does that makes directories the way Hadoop's local filesystem
+        does (Spark's checkpoint, `state/` and `state/<op>/`): every missing one made, none synced."""
+        with self._lock:
+            missing = []
+            p = Path(path)
+            while not p.exists():
+                missing.append(p)
+                p = p.parent
+            for d in reversed(missing):
+                d.mkdir()
+                rel = self._rel(d)
+                if rel is not None:
+                    self._log(Event("mkdir", path=rel))
+
     # -- the disk's operations -------------------------------------------------------------
     def sync_file(self, file: BinaryIO, point: str) -> None:
         with self._lock:
@@ -116,6 +136,14 @@ class RecordingDisk(LocalDisk):
             self.points.add(point)
             if isinstance(file, _RecordedFile) and point not in self.off:
                 self._log(Event("fsync", inode=file.inode, point=point))
+
+    def sync_path(self, path: str, point: str) -> None:
+        with self._lock:
+            super().sync_path(path, point)
+            self.points.add(point)
+            rel = self._rel(path)
+            if rel is not None and rel in self._inodes and point not in self.off:
+                self._log(Event("fsync", inode=self._inodes[rel], point=point))
 
     def sync_dir(self, path: str, point: str) -> None:
         with self._lock:
@@ -248,35 +276,60 @@ def _parents(event: Event) -> list[str]:
 NAME_OPS = ("mkdir", "create", "rename", "link", "unlink", "rmdir")
 
 
-def crash_image(events: list[Event], cut: int, kind: str, rng: random.Random | None = None) -> Image:
-    """The disk after a power cut following `events[:cut]` (see the module's docstring)."""
-    happened = events[:cut]
-    synced_dirs_after: dict[str, list[int]] = {}
-    for i, e in enumerate(happened):
+def base_inodes(base: Mapping[str, bytes | None]) -> dict[str, int]:
+    """The inodes the files of a starting disk get (negative: a log counts its own up from 0)."""
+    return {path: -1 - i for i, path in enumerate(sorted(p for p, c in base.items() if c is not None))}
+
+
+def pending_names(events: list[Event], cut: int) -> list[int]:
+    """The indices of the name operations of `events[:cut]` that no directory fsync made durable
+    (a name is durable once every directory holding it was fsynced after it)."""
+    last_sync: dict[str, int] = {}
+    for i, e in enumerate(events[:cut]):
         if e.op == "dirsync":
-            synced_dirs_after.setdefault(e.path, []).append(i)
+            last_sync[e.path] = i
+    return [
+        i for i, e in enumerate(events[:cut]) if e.op in NAME_OPS and any(last_sync.get(d, -1) < i for d in _parents(e))
+    ]
 
-    def durable(i: int, e: Event) -> bool:
-        return all(any(j > i for j in synced_dirs_after.get(d, ())) for d in _parents(e))
 
-    # Journaled filesystems write names back in the order they were made: a power cut keeps some
-    # first part of the unsynced ones (`mixed` draws how much), and every synced one.
-    pending = [i for i, e in enumerate(happened) if e.op in NAME_OPS and not durable(i, e)]
-    if kind == "kept":
-        kept_pending = len(pending)
+def crash_image(
+    events: list[Event],
+    cut: int,
+    kind: str,
+    rng: random.Random | None = None,
+    *,
+    base: Mapping[str, bytes | None] | None = None,
+    surviving: Collection[int] | None = None,
+) -> Image:
+    """The disk after a power cut following `events[:cut]` (see the module's docstring), on a disk
+    that held `base` before the first event. `surviving` names the unsynced name operations that
+    survive (indices into `events`), instead of `kind`'s rule; file bytes still follow `kind`."""
+    happened = events[:cut]
+    pending = pending_names(events, cut)
+    if surviving is not None:
+        chosen = set(surviving)
+    elif kind == "kept":
+        chosen = set(pending)
     elif kind == "lost":
-        kept_pending = 0
-    else:
+        chosen = set()
+    elif kind == "mixed":  # a journal writes names back in the order they were made
         assert rng is not None
-        kept_pending = rng.randint(0, len(pending))
-    surviving = set(pending[:kept_pending])
+        chosen = set(pending[: rng.randint(0, len(pending))])
+    elif kind == "subset":  # any of them, each with a chance drawn for the image (all, few, none)
+        assert rng is not None
+        chance = rng.random()
+        chosen = {i for i in pending if rng.random() < chance}
+    else:
+        raise ValueError(f"unknown image kind {kind!r}")
+    dropped = set(pending) - chosen
 
-    def survives(i: int, e: Event) -> bool:
-        return i in surviving or durable(i, e)
-
+    start = base or {}
+    inodes = base_inodes(start)
     tree: dict[str, int | None] = {"": None}  # path -> inode, or None for a directory
-    current: dict[int, bytes] = {}
-    synced: dict[int, bytes] = {}
+    tree.update({p: (None if c is None else inodes[p]) for p, c in start.items()})
+    current: dict[int, bytes] = {inodes[p]: c for p, c in start.items() if c is not None}
+    synced: dict[int, bytes] = dict(current)
     image = Image()
     for i, e in enumerate(happened):
         if e.op == "data":
@@ -285,7 +338,7 @@ def crash_image(events: list[Event], cut: int, kind: str, rng: random.Random | N
             synced[e.inode] = current.get(e.inode, b"")
         elif e.op == "ack":
             image.acks.append(e.ack)
-        elif e.op in NAME_OPS and survives(i, e):
+        elif e.op in NAME_OPS and i not in dropped:
             _apply_name_op(tree, e)
     for path, inode in tree.items():
         if path == "":

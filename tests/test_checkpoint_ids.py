@@ -14,7 +14,9 @@ import pytest
 
 import referee
 from backend_support import changes, commit, make_backend, state_of
+from pystatestore.reading.checkpoint import open_checkpoint
 from pystatestore.store.errors import CheckpointDamagedError, CheckpointMissingError, StoreConfigError
+from pystatestore.tools.verification import verify_checkpoint
 
 # The rocksdb backend in both commit modes, and the memory backend.
 KINDS = [("rocksdb", "changelog"), ("rocksdb", "snapshot"), ("memory", None)]
@@ -146,3 +148,27 @@ def test_gc_keeps_every_attempt_of_the_retained_versions(mode: str, tmp_path: Pa
     fresh = make_backend("rocksdb", store, tmp_path / "w2", mode=mode, checkpoint_ids=True)
     for i, mid in enumerate(ids[7]):
         assert state_of(fresh, 7, mid)[b"k7"] == f"7.{i}".encode()
+
+
+def test_verify_checks_each_attempt_of_a_version_the_commit_log_does_not_name(tmp_path: Path) -> None:
+    """Spark writes its commit log after the stores commit, so after a crash a version may have
+    several attempts and no entry naming one (Spark runs the batch again): `verify` checks each,
+    and names the one that is damaged, rather than refusing the version as ambiguous."""
+    ckpt = tmp_path / "ckpt"
+    b = backend_for(("rocksdb", "changelog"), ckpt / "state" / "0" / "1", tmp_path / "w")
+    v1 = commit(b, 0, changes({b"a": b"1"}), "t1")
+    first = commit(b, 1, changes({b"b": b"2"}), "t2.0", v1.manifest_id)
+    commit(b, 1, changes({b"c": b"3"}), "t2.1", v1.manifest_id)
+    b.close()
+    (ckpt / "offsets").mkdir()
+    (ckpt / "commits").mkdir()
+    (ckpt / "metadata").write_text('{"id":"v2"}\n')
+    (ckpt / "offsets" / "0").write_text("v1\n{}\n{}\n")
+    (ckpt / "offsets" / "1").write_text("v1\n{}\n{}\n")  # batch 1 planned, its commit log entry lost
+    ids = json.dumps({"nextBatchWatermarkMs": 0, "stateUniqueIds": {"0": [[], [v1.manifest_id]]}})
+    (ckpt / "commits" / "0").write_text(f"v1\n{ids}\n")
+    report = verify_checkpoint(open_checkpoint(str(ckpt)), deep=True)
+    assert report.problems == [] and report.manifests == 3
+    (ckpt / "state" / "0" / "1" / "manifests" / f"2-{first.manifest_id}.json").write_text("{")
+    report = verify_checkpoint(open_checkpoint(str(ckpt)), deep=True)
+    assert [(p.version, first.manifest_id in str(p.file)) for p in report.problems] == [(2, True)]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pystatestore.store.backends.cleanup import removal_rounds
 from pystatestore.store.leases import leased_bases
+from pystatestore.store.manifest import KIND_CHANGELOG, KIND_SNAPSHOT, Manifest, snapshot_path
 from pystatestore.store.remote import RemoteFile
 from pystatestore.store.retention import plan_retention
 
@@ -232,3 +234,68 @@ def test_a_set_aside_manifest_stays_while_its_version_has_no_final_manifest() ->
     assert "manifests/.replaced-3.json-2e" in plan.delete_files
     assert "manifests/.replaced-3.json-3d" not in plan.delete_files
     assert "private/2/M" not in plan.delete_files
+
+
+def chain_manifest(version: int, changelog: bool, manifest_id: str) -> Manifest:
+    return Manifest(
+        store={},
+        version=version,
+        base_version=version - 1,
+        backend="rocksdb",
+        key_schema="k",
+        value_schema="v",
+        num_keys=0,
+        attempt_id=f"a{version}",
+        manifest_id=manifest_id,
+        kind=KIND_CHANGELOG if changelog else KIND_SNAPSHOT,
+    )
+
+
+def test_manifests_are_removed_in_rounds_down_each_chain() -> None:
+    """Versions 1-9 of changelog commits, snapshots of 3 and 6: the chains 9-6, 5-3 and 2-1 come
+    down a round at a time, side by side; a version whose manifest was not read reaches its base."""
+    read: dict[str, Manifest] = {}
+    for v in range(1, 10):
+        read[f"manifests/{v}.json"] = chain_manifest(v, True, f"id{v}")
+    for v in (3, 6):
+        read[snapshot_path(v, f"id{v}")] = chain_manifest(v, False, f"id{v}")
+    rounds = removal_rounds([f"manifests/{v}.json" for v in range(1, 10)], read)
+    as_versions = [sorted(int(r.split("/")[1].split(".")[0]) for r in group) for group in rounds]
+    assert as_versions == [[2, 5, 9], [1, 4, 8], [3, 7], [6]]
+    del read["manifests/5.json"]  # unread: taken to reach version 4, as it does
+    del read[snapshot_path(3, "id3")]  # no snapshot: version 3 reaches version 2
+    rounds = removal_rounds([f"manifests/{v}.json" for v in range(1, 10)], read)
+    as_versions = [sorted(int(r.split("/")[1].split(".")[0]) for r in group) for group in rounds]
+    assert as_versions == [[5, 9], [4, 8], [3, 7], [2, 6], [1]]
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans(), st.integers(1, 2)), min_size=1, max_size=12),
+)
+@settings(max_examples=200, deadline=None)
+def test_no_round_removes_a_manifest_another_in_it_or_after_it_reaches(shape: list[tuple]) -> None:
+    """Whatever the chains: each manifest is removed once, and a manifest whose chain reaches the
+    version below (a changelog manifest without a snapshot, or one not read) is removed in an
+    earlier round than every manifest of that version."""
+    read: dict[str, Manifest] = {}
+    doomed: list[str] = []
+    reaches: dict[str, bool] = {}
+    for i, (changelog, snapshotted, known, attempts) in enumerate(shape):
+        v = i + 1
+        for a in range(attempts):
+            rel = f"manifests/{v}-{a}.json"
+            doomed.append(rel)
+            if known:
+                read[rel] = chain_manifest(v, changelog, f"{v}-{a}")
+                if snapshotted:
+                    read[snapshot_path(v, f"{v}-{a}")] = chain_manifest(v, False, f"{v}-{a}")
+            reaches[rel] = not known or (changelog and not snapshotted)
+    rounds = removal_rounds(doomed, read)
+    placed = {rel: n for n, group in enumerate(rounds) for rel in group}
+    assert sorted(r for group in rounds for r in group) == sorted(doomed)
+    for rel in doomed:
+        v = int(rel.split("/")[1].split("-")[0])
+        if reaches[rel]:
+            for other in doomed:
+                if other.startswith(f"manifests/{v - 1}-"):
+                    assert placed[rel] < placed[other], (rel, other, rounds)

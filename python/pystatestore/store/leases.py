@@ -188,7 +188,7 @@ class CommitLease:
         unprotected)."""
         self.base_version = base_version
         with self._renewing:
-            self.remote.publish(self.path, self._body())
+            self.remote.publish(self.path, self._body(), durable=False)  # see `renew`
         with self._lock:
             self._last_renewal = self.clock()
             self._written = True
@@ -206,8 +206,10 @@ class CommitLease:
             body = self._body()
             try:
                 # Published whole (rename or one PUT), never truncated then written: garbage
-                # collection reading it meanwhile sees the old body or the new, never a part.
-                self.remote.publish(self.path, body)
+                # collection reading it meanwhile sees the old body or the new, never a part. Not
+                # fsynced: a lease matters only while its attempt runs, and a power cut ends the
+                # attempt; one it tears pins every version until it expires (`leased_bases`).
+                self.remote.publish(self.path, body, durable=False)
             except OSError as e:
                 log.warning("could not renew lease %s of %s: %s", self.path, self.remote.uri, e)
                 return

@@ -20,11 +20,24 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
+from collections import OrderedDict
 from typing import BinaryIO
+
+# How many directories `make_dirs` remembers as durable: every store's few, with room for the
+# attempt directories commits make once each (least recently used forgotten first: a directory
+# forgotten is synced once more, nothing else).
+DURABLE_NAMES_KEPT = 8192
 
 
 class LocalDisk:
     """The real disk: each method is the system call it names, then the fsyncs that make it last."""
+
+    def __init__(self) -> None:
+        # (path, device, inode) of the directories whose names this process made durable in their
+        # parents (`make_dirs`): synced once, not on every commit.
+        self._durable_names: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        self._names_lock = threading.Lock()  # uploads call make_dirs from several threads
 
     def sync_file(self, file: BinaryIO, point: str) -> None:
         """Flushes `file` (open for writing) and fsyncs its data."""
@@ -51,35 +64,78 @@ class LocalDisk:
             if point is not None:
                 self.sync_file(out, point)
 
-    def copy_file(self, src: str, dst: str) -> None:
-        """Copies `src`'s bytes to a new `dst`, unsynced (see `write` with no point)."""
+    def copy_file(self, src: str, dst: str, point: str | None = None) -> None:
+        """Copies `src`'s bytes to a new `dst`, its data fsynced at `point` (with none, unsynced:
+        see `write`)."""
         with open(src, "rb") as source, self.open_new(dst, exclusive=True) as out:
             shutil.copyfileobj(source, out, 1 << 20)
+            if point is not None:
+                self.sync_file(out, point)
+
+    def sync_path(self, path: str, point: str) -> None:
+        """Fsyncs the data of the existing file `path`, which another process wrote (a JVM)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def mkdir(self, path: str, mode: int = 0o777) -> None:
         """One new directory, its name unsynced (see `make_dirs` for durable ones)."""
         os.mkdir(path, mode)
 
-    def make_dirs(self, path: str, point: str, *, mode: int = 0o777) -> list[str]:
-        """Creates `path` and its missing parents, each made durable in its parent before the next
-        is created in it; returns the directories created (outermost first)."""
-        missing = []
-        p = os.path.normpath(path)
-        while not os.path.lexists(p):
-            missing.append(p)
-            parent = os.path.dirname(p)
-            if parent == p:
-                break
-            p = parent
+    def make_dirs(self, path: str, point: str, *, root: str, mode: int = 0o777) -> list[str]:
+        """Makes directory `path` and every directory from `root` down to it durable: each missing
+        one is created and synced into its parent before the next is created in it; each that
+        already exists has its name synced into its parent too, once per process, since whoever
+        made it may never have (Spark makes a checkpoint's `state/` and `state/<op>/` with no
+        fsync, and a killed attempt can leave one made but unsynced). `root`'s own name counts:
+        a checkpoint whose directory a power cut takes loses every store in it. Directories
+        above `root` are created where missing and otherwise left alone. Returns the directories
+        created (outermost first)."""
+        target, top = os.path.normpath(path), os.path.normpath(root)
+        if target != top and not target.startswith(top.rstrip(os.sep) + os.sep):
+            raise ValueError(f"{path!r} is not below {root!r}")
+        chain = [target]
+        while chain[-1] != top:
+            chain.append(os.path.dirname(chain[-1]))
+        above = os.path.dirname(top)
+        while above != os.path.dirname(above) and not os.path.lexists(above):
+            chain.append(above)  # missing above the root: created, and so synced, like the rest
+            above = os.path.dirname(above)
         created = []
-        for d in reversed(missing):
+        for d in reversed(chain):
             try:
-                self.mkdir(d, mode)
-            except FileExistsError:
-                continue  # made meanwhile by another writer, who makes it durable
-            self.sync_dir(os.path.dirname(d), point)
-            created.append(d)
+                st = os.stat(d)
+            except FileNotFoundError:
+                try:
+                    self.mkdir(d, mode)
+                    created.append(d)
+                except FileExistsError:
+                    pass  # made meanwhile by another writer: synced below unless it already did
+                st = os.stat(d)
+            key = (d, st.st_dev, st.st_ino)  # a directory removed and made again is a new one
+            if self._known_durable(key):
+                continue
+            try:
+                self.sync_dir(os.path.dirname(d), point)
+            except PermissionError:
+                if d in created or d != top:
+                    raise
+                # The root's parent may be one the query cannot read (a mount point of mode 0711):
+                # its name is as durable as whoever made it left it, and nothing here can do better.
+            with self._names_lock:
+                self._durable_names[key] = None
+                if len(self._durable_names) > DURABLE_NAMES_KEPT:
+                    self._durable_names.popitem(last=False)
         return created
+
+    def _known_durable(self, key: tuple[str, int, int]) -> bool:
+        with self._names_lock:
+            if key not in self._durable_names:
+                return False
+            self._durable_names.move_to_end(key)
+            return True
 
     def replace(self, src: str, dst: str, point: str) -> None:
         """rename(2) of `src` over `dst`, atomic; durable once this returns."""

@@ -73,6 +73,20 @@ def durability_point(rel: str, what: str) -> str:
     return f"{rel.split('/', 1)[0] if '/' in rel else 'store'}:{what}"
 
 
+def checkpoint_root_of(store_path: str) -> str:
+    """The checkpoint directory a store directory lies in by Spark's layout
+    (`<checkpoint>/state/<operator>/<partition>[/<store name>]`), or the store directory itself
+    when it is laid out otherwise (a test's, a tool's)."""
+    parts = posixpath.normpath(store_path).split("/")
+    for depth in (3, 4):  # the default store, a named one (a join's four)
+        if len(parts) <= depth:
+            continue
+        state, operator, partition = parts[-depth], parts[1 - depth], parts[2 - depth]
+        if state == "state" and operator.isdigit() and partition.isdigit():
+            return "/".join(parts[:-depth]) or "/"
+    return posixpath.normpath(store_path)
+
+
 def join_uri(uri: str, *parts: str) -> str:
     """`uri` with path segments appended, keeping a query string (pyarrow's S3 options such as
     `?endpoint_override=host:9000&scheme=http`) at the end, where pyarrow reads it."""
@@ -128,6 +142,9 @@ class RemoteStore:
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
         self._real_root: str | None = None  # resolved on first use: the store may not exist yet
         self.object_store = is_object_store(self.fs)
+        # On a local disk, the directories from here down to the store are made durable along with
+        # the store's own (`LocalDisk.make_dirs`): the checkpoint's, where Spark's layout shows it.
+        self.durable_root = checkpoint_root_of(self.root) if self.is_local else self.root
 
     def _abs(self, rel: str, version: int | None = None) -> str:
         """The absolute path of store-relative `rel`. On the local filesystem it must also resolve
@@ -184,18 +201,20 @@ class RemoteStore:
         """Object stores have no directories: creating one would only write marker objects, a PUT
         per level of the path on every write."""
         if self.is_local:
-            local_disk.DISK.make_dirs(posixpath.dirname(path), "directory:name")
+            local_disk.DISK.make_dirs(posixpath.dirname(path), "directory:name", root=self.durable_root)
         elif not self.object_store:
             self.fs.create_dir(posixpath.dirname(path), recursive=True)
 
-    def publish(self, rel: str, data: bytes) -> None:
+    def publish(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Publishes a file all at once, durably: readers see the old content or the new, never a part.
 
         Object stores: one PUT. Local disks: a temporary file written and fsynced, renamed over the
-        final name, the directory fsynced. Elsewhere a temporary renamed over the final name; where
-        rename cannot replace an existing file (HDFS), the old file is first renamed aside
-        (`.replaced-<name>-<uuid>`) and the new one renamed in; a reader that finds no final file
-        takes the newest file set aside, so a crash between the two renames loses nothing.
+        final name, the directory fsynced (not `durable`: neither fsync, for a file nothing needs
+        after a power cut, such as a lease, which a power cut makes moot by ending its attempt).
+        Elsewhere a temporary renamed over the final name; where rename cannot replace an existing
+        file (HDFS), the old file is first renamed aside (`.replaced-<name>-<uuid>`) and the new one
+        renamed in; a reader that finds no final file takes the newest file set aside, so a crash
+        between the two renames loses nothing.
         """
         path = self._abs(rel)
         parent = posixpath.dirname(path)
@@ -207,9 +226,12 @@ class RemoteStore:
         name = posixpath.basename(path)
         tmp = posixpath.join(parent, f".tmp-{name}-{uuid.uuid4().hex}")
         if self.is_local:
-            local_disk.DISK.write(tmp, data, durability_point(rel, "data"))
+            local_disk.DISK.write(tmp, data, durability_point(rel, "data") if durable else None)
             try:
-                local_disk.DISK.replace(tmp, path, durability_point(rel, "name"))
+                if durable:
+                    local_disk.DISK.replace(tmp, path, durability_point(rel, "name"))
+                else:
+                    local_disk.DISK.rename(tmp, path)
             except OSError:
                 self._delete_quietly(tmp)
                 raise

@@ -26,6 +26,9 @@ class RetentionPlan:
     delete_files: tuple[str, ...]
     kept_versions: tuple[int, ...]
     delete_dirs: tuple[str, ...] = ()  # attempt directories to remove once empty
+    # delete_manifests in the order garbage collection removes them, a round at a time, each made
+    # durable before the next (see backends/cleanup.py); empty: one manifest a round, newest first.
+    manifest_rounds: tuple[tuple[str, ...], ...] = ()
 
     @property
     def empty(self) -> bool:

@@ -15,7 +15,10 @@ Nothing is lost and nothing is half-done: the source checkpoint is only read; th
 with `offsets/<B+1>` holding one line that Spark refuses as a malformed log and names (so a query
 started on an unfinished rewrite fails, naming it), every store written is read back (Spark's
 providers through their own code, ours from its files) and compared with what was meant to be
-written, and the last step replaces that line by the real offsets.
+written, and the last step replaces that line by the real offsets. A power cut does not undo
+that: every write goes through `local_disk.DISK` (decision 0040), the unfinished line is durable
+before anything else is written, and the real offsets are written only once every file of the
+new checkpoint and every directory naming one is fsynced.
 
 This module is the command's course: `plan_rewrite` (rewrite_plan.py) says what will be done,
 `rewrite` starts the new checkpoint, picks the route (`runs_without_spark`) and finishes: the new
@@ -25,15 +28,18 @@ batch's commit, verification of our stores, and the real offsets last.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..spark_minors import PROVIDER_CLASS
+from ..store import local_disk
 from .rewrite_direct import rewrite_our_stores, stored_key_encoding
 from .rewrite_plan import (
+    DATA_POINT,
+    NAME_POINT,
     SCRATCH_DIR,
     UNFINISHED_LINE,
     Progress,
@@ -72,10 +78,11 @@ def rewrite(plan: RewritePlan, spark: Any, progress: Progress) -> list[StoreResu
             store=str(plan.source),
             advice="Stop the query, delete the output, and run the command again.",
         )
-    shutil.rmtree(plan.output / SCRATCH_DIR, ignore_errors=True)
+    local_disk.DISK.remove_tree(str(plan.output / SCRATCH_DIR))  # durable with the output's names, below
     _write_commit(plan)
     if plan.target_provider == PROVIDER_CLASS:
         _verify_our_stores(plan)
+    sync_names(plan.output)
     _publish_offsets(plan)
     return results
 
@@ -88,68 +95,107 @@ def runs_without_spark(plan: RewritePlan) -> bool:
 
 
 # -- the new checkpoint's files -------------------------------------------------------------------
+# Every write below goes through local_disk.DISK, its data fsynced; the directories naming the files
+# are fsynced together before the last step (`sync_names`), and the last step is fsynced itself.
 
 
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src, dst)
+def make_dirs(plan: RewritePlan, path: Path) -> None:
+    """`path` and the directories down to it from the output made, each durable in its parent
+    (the output's own name included)."""
+    local_disk.DISK.make_dirs(str(path), NAME_POINT, root=str(plan.output))
 
 
-def _copy_log(src_dir: Path, dst_dir: Path, batches: list[int]) -> None:
+def _copy(plan: RewritePlan, src: Path, dst: Path) -> None:
+    make_dirs(plan, dst.parent)
+    local_disk.DISK.copy_file(str(src), str(dst), DATA_POINT)
+    os.utime(dst, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))  # as shutil.copy2 kept them
+
+
+def _copy_tree(plan: RewritePlan, src: Path, dst: Path) -> None:
+    """Every file and directory below `src` copied to `dst` (which must not exist), data fsynced."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        target = dst / Path(dirpath).relative_to(src)
+        make_dirs(plan, target)
+        for name in sorted(filenames):
+            _copy(plan, Path(dirpath) / name, target / name)
+
+
+def _copy_log(plan: RewritePlan, src_dir: Path, dst_dir: Path, batches: list[int]) -> None:
     """Log entries 0..B with Hadoop's checksum files, so the copy reads as the source does."""
     for b in batches:
-        _copy(src_dir / str(b), dst_dir / str(b))
+        _copy(plan, src_dir / str(b), dst_dir / str(b))
         crc = src_dir / f".{b}.crc"
         if crc.is_file():
-            _copy(crc, dst_dir / crc.name)
+            _copy(plan, crc, dst_dir / crc.name)
 
 
-def _write_file(path: Path, text: str) -> None:
-    """Written whole to a temporary name, then renamed: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_file(plan: RewritePlan, path: Path, text: str) -> None:
+    """Written whole to a temporary name, fsynced, then renamed and the rename fsynced: a reader
+    sees the old file or the new one, and after a power cut too."""
+    make_dirs(plan, path.parent)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    local_disk.DISK.write(str(tmp), text.encode(), DATA_POINT)
+    local_disk.DISK.replace(str(tmp), str(path), NAME_POINT)
+
+
+def sync_names(output: Path) -> None:
+    """Fsyncs every directory of the output, deepest first: each file written in it (by this
+    command, a store's backend or a JVM) and each removal (the scratch directory) is then named on
+    disk. Data was fsynced as each file was written."""
+    dirs = [Path(dirpath) for dirpath, _, _ in os.walk(output)]
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        local_disk.DISK.sync_dir(str(d), NAME_POINT)
 
 
 def _start_output(plan: RewritePlan) -> None:
     out, src, b = plan.output, plan.source, plan.read_batch
-    (out / "offsets").mkdir(parents=True)
-    # First of all: a query started on this directory now fails, naming what it is.
-    _write_file(out / "offsets" / str(plan.write_batch), UNFINISHED_LINE.format(command=plan.command) + "\n")
-    _copy(src / "metadata", out / "metadata")
-    _copy_log(src / "offsets", out / "offsets", [x for x in log_batches(src / "offsets") if x <= b])
-    _copy_log(src / "commits", out / "commits", [x for x in log_batches(src / "commits") if x <= b])
+    if out.exists():
+        raise RewriteError(
+            "the output exists: a rewrite writes a new checkpoint and never touches an existing directory",
+            store=str(out),
+            advice="Name a directory that does not exist yet.",
+        )
+    # First of all, and durably: a query started on this directory now fails, naming what it is.
+    _write_file(plan, out / "offsets" / str(plan.write_batch), UNFINISHED_LINE.format(command=plan.command) + "\n")
+    _copy(plan, src / "metadata", out / "metadata")
+    _copy_log(plan, src / "offsets", out / "offsets", [x for x in log_batches(src / "offsets") if x <= b])
+    _copy_log(plan, src / "commits", out / "commits", [x for x in log_batches(src / "commits") if x <= b])
     if (src / "sources").is_dir():
-        shutil.copytree(src / "sources", out / "sources")
+        _copy_tree(plan, src / "sources", out / "sources")
     for op in sorted({s.operator_id for s in plan.stores}):
         src_op, out_op = src / "state" / str(op), out / "state" / str(op)
         # Operator metadata and schema files; Spark reads store schemas from partition 0 only.
         for sub in ("_metadata", "_stateSchema"):
             if (src_op / sub).is_dir():
-                shutil.copytree(src_op / sub, out_op / sub)
+                _copy_tree(plan, src_op / sub, out_op / sub)
         for meta_dir in sorted((src_op / "0").rglob("_metadata")) if (src_op / "0").is_dir() else []:
             if meta_dir.is_dir():
-                shutil.copytree(meta_dir, out_op / "0" / meta_dir.relative_to(src_op / "0"))
+                _copy_tree(plan, meta_dir, out_op / "0" / meta_dir.relative_to(src_op / "0"))
         meta = operator_metadata(src, op)
         for info in meta.get("stateStoreInfo", []):
             info["numPartitions"] = plan.target_partitions
-        (out_op / "_metadata" / ".metadata.crc").unlink(missing_ok=True)  # the content changes
-        _write_file(out_op / "_metadata" / "metadata", "v1\n" + json.dumps(meta, separators=(",", ":")))
+        crc = out_op / "_metadata" / ".metadata.crc"
+        if crc.exists():
+            local_disk.DISK.unlink(str(crc))  # the content changes
+        _write_file(plan, out_op / "_metadata" / "metadata", "v1\n" + json.dumps(meta, separators=(",", ":")))
 
 
 def _write_commit(plan: RewritePlan) -> None:
     """The new batch's commit: the last batch's, whose watermark the next batch starts from."""
     commit = (plan.source / "commits" / str(plan.read_batch)).read_text()
-    _write_file(plan.output / "commits" / str(plan.write_batch), commit)
+    _write_file(plan, plan.output / "commits" / str(plan.write_batch), commit)
 
 
 def _publish_offsets(plan: RewritePlan) -> None:
-    """The one step that makes the checkpoint complete: the real offsets replace the unfinished line."""
+    """The one step that makes the checkpoint complete: the real offsets replace the unfinished line,
+    once everything else is durable (`sync_names`)."""
     lines, metadata = read_offsets_entry(plan.source, plan.read_batch)
     metadata["conf"] = plan.new_conf
     _write_file(
-        plan.output / "offsets" / str(plan.write_batch), "\n".join([lines[0], json.dumps(metadata), *lines[2:]]) + "\n"
+        plan,
+        plan.output / "offsets" / str(plan.write_batch),
+        "\n".join([lines[0], json.dumps(metadata), *lines[2:]]) + "\n",
     )
 
 

@@ -33,7 +33,7 @@ from ..reading.spark_hash import stored_key_hashes
 from ..reading.store_reader import StoreReader
 from ..reading.unsafe_row import RowDecodeError, SchemaError, parse_schema
 from ..spark_minors import CONF_PREFIX
-from ..store import frames
+from ..store import frames, local_disk
 from ..store.backends import BACKENDS, DEFAULT_BACKEND, StoreContext
 from ..store.leases import DEFAULT_ORPHAN_GRACE_SECONDS
 from ..store.manifest import KEY_ENCODING_PREFIX, KEY_ENCODING_RAW
@@ -215,7 +215,8 @@ def rewrite_our_stores(
         # Scratch files sit beside the output (the rewrite's scratch directory): on its disk, not in a
         # /tmp that may be memory, and where the executors that export Spark's state can write.
         scratch_root = plan.output / SCRATCH_DIR
-        scratch_root.mkdir(parents=True, exist_ok=True)
+        if not scratch_root.is_dir():  # removed, never synced: the finished checkpoint names nothing in it
+            local_disk.DISK.mkdir(str(scratch_root))
         with tempfile.TemporaryDirectory(prefix=f"{kind.operator_id}-{kind.store_name}-", dir=scratch_root) as scratch:
             work = Path(scratch)
             placed = _placed(plan, kind, (source or partial(our_source, plan))(kind, work), work, progress)

@@ -38,6 +38,9 @@ UNFINISHED_LINE = (
 # Beside the output (on its disk, where the executors exporting Spark's state can write); removed
 # before the new checkpoint is finished.
 SCRATCH_DIR = ".pystatestore-rewrite"
+# The fsyncs of the new checkpoint's files and of the directories naming them (decision 0040).
+DATA_POINT = "rewrite:data"
+NAME_POINT = "rewrite:name"
 # Each operator a rewrite places by key, and how many leading fields of each store's key Spark's
 # shuffle hashes (None: all of them). A join's keyWithIndexToValue adds the value's index to the join key;
 # a session window's key adds the session to the grouping key, which is its prefix.

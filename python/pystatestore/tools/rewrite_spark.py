@@ -19,9 +19,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..store import local_disk
 from .rewrite_direct import Source, stored_key_encoding
 from .rewrite_plan import (
+    DATA_POINT,
     HDFS_PROVIDER,
+    NAME_POINT,
     ROCKSDB_PROVIDER,
     SCRATCH_DIR,
     Progress,
@@ -183,9 +186,10 @@ def _place_spark_version(plan: RewritePlan, kind: StoreKind, scratch_state: Path
     delta holds only puts, as a snapshot does (both are its key-value record stream); the RocksDB
     provider's version 1 is a zip naming SST files by unique names, with no version inside."""
     v = plan.state_version
+    disk = local_disk.DISK
     for p in range(plan.target_partitions):
         src, dst = store_dir(scratch_state, kind, p), store_dir(plan.output / "state", kind, p)
-        dst.mkdir(parents=True, exist_ok=True)
+        disk.make_dirs(str(dst), NAME_POINT, root=str(plan.output))
         if plan.target_provider == HDFS_PROVIDER:
             moves = {"1.delta": f"{v}.snapshot"}
         else:
@@ -203,8 +207,12 @@ def _place_spark_version(plan: RewritePlan, kind: StoreKind, scratch_state: Path
                     file=name,
                     advice="The output is left unfinished; delete it and report this with the Spark log.",
                 )
-            (dst / new).parent.mkdir(parents=True, exist_ok=True)
-            (src / name).replace(dst / new)
+            # The JVM wrote these without fsync (Hadoop's local filesystem): their data is made
+            # durable here, their names with the output's before the checkpoint is finished.
+            disk.make_dirs(str((dst / new).parent), NAME_POINT, root=str(plan.output))
+            disk.sync_path(str(src / name), DATA_POINT)
+            disk.rename(str(src / name), str(dst / new))
             crc = (src / name).with_name(f".{Path(name).name}.crc")
             if crc.is_file():
-                crc.replace((dst / new).with_name(f".{Path(new).name}.crc"))
+                disk.sync_path(str(crc), DATA_POINT)
+                disk.rename(str(crc), str((dst / new).with_name(f".{Path(new).name}.crc")))

@@ -13,7 +13,16 @@ from typing import Any
 from ..reading.checkpoint import SparkCheckpoint
 from ..reading.store_reader import StoreReader
 from ..store.errors import StateStoreError
-from ..store.manifest import MANIFEST_DIR, SNAPSHOT_DIR, Manifest, checksum, manifest_path, snapshot_of
+from ..store.manifest import (
+    MANIFEST_DIR,
+    SNAPSHOT_DIR,
+    Manifest,
+    checkpoint_id_of_manifest,
+    checksum,
+    manifest_path,
+    snapshot_of,
+    version_of_manifest,
+)
 from ..store.remote import RemoteFile, join_uri
 from ..store.retention import DATA_DIRS, RetentionPlan, version_of_replaced_manifest
 from .inspection import KINDS, Progress, _no_progress
@@ -63,10 +72,11 @@ def verify_checkpoint(
     grace_seconds: float = 600.0,
     progress: Progress = _no_progress,
 ) -> VerifyReport:
-    """Every retained manifest parses, validates and belongs to its store; every file it and its
-    chain need exists with its size (and, `deep`, its checksum, with the data stored inside the
-    chain's manifests and its snapshot checked against theirs); the last committed batch's
-    version exists in every store. Files no retained version references are listed (those younger
+    """Every retained manifest parses, validates and belongs to its store (under checkpoint format
+    v2, the attempt the commit log names, or every attempt of a version it does not name); every
+    file it and its chain need exists with its size (and, `deep`, its checksum, with the data
+    stored inside the chain's manifests and its snapshot checked against theirs); the last
+    committed batch's version exists in every store. Files no retained version references are listed (those younger
     than `grace_seconds` apart: they may belong to a commit in flight)."""
     report = VerifyReport()
     now = time.time()
@@ -119,10 +129,10 @@ def _verify_store(
     }
     checked: set[str] = set()  # versions share most files: each is checked once
     cache: dict[str, Manifest] = {}  # by path, as chains find them
-    for v in reader.versions:
+    for v, cid in _attempts_to_check(reader):
         report.manifests += 1
         try:
-            m = reader.manifest(v)
+            m = reader.manifest(v) if cid is None else reader.backend.read_manifest(v, cid)
             cache[m.path] = m
             needed = reader.backend.dependencies(m, snapshots=snapshots, now=now, cache=cache)
             chain = _restore_chain(reader, m, snapshots, cache)
@@ -197,6 +207,23 @@ def _verify_store(
             continue
         target = report.young_unreferenced if f.mtime is None or now - f.mtime <= grace else report.unreferenced
         target.append(join_uri(remote.uri, path))
+
+
+def _attempts_to_check(reader: StoreReader) -> list[tuple[int, str | None]]:
+    """(version, checkpoint id) of each manifest to check; None: the one `reader.manifest` reads
+    (the only one, or under checkpoint format v2 the attempt Spark's commit log names). A version
+    the commit log does not name (yet: Spark writes it after the stores commit, and a crash or a
+    power cut can lose it) that several attempts committed has each of them checked: Spark runs
+    its batch again, and garbage collection keeps what any of them needs."""
+    attempts: dict[int, list[str]] = {}
+    for f in reader.remote.list_files(MANIFEST_DIR):
+        if (v := version_of_manifest(f.path)) is not None and (cid := checkpoint_id_of_manifest(f.path)) is not None:
+            attempts.setdefault(v, []).append(cid)
+    found: list[tuple[int, str | None]] = []
+    for v in reader.versions:
+        unnamed = sorted(attempts.get(v, ())) if v not in reader.attempts else []
+        found += [(v, cid) for cid in unnamed] if len(unnamed) > 1 else [(v, None)]
+    return found
 
 
 def _restore_chain(

@@ -7,7 +7,8 @@ pure `retention.plan_retention`. StateBackend's `maintenance`, `plan_maintenance
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from ..errors import CheckpointDamagedError, CheckpointMissingError, StoreConfigError
@@ -19,6 +20,7 @@ from ..manifest import (
     checkpoint_id_of_manifest,
     manifest_path,
     snapshot_of,
+    snapshot_path,
     version_of_manifest,
 )
 from ..remote import RemoteFile, RemoteStore
@@ -61,6 +63,7 @@ def plan(b: CollectedStore, now: float) -> RetentionPlan:
     versions = {v for f in manifests if (v := version_of_manifest(f.path)) is not None}
     pinned: frozenset[int] = frozenset()
     planned: RetentionPlan | None = None
+    read: dict[str, Manifest] = {}  # the manifests the last plan read, by path
     listing = leases
     while True:
         try:
@@ -71,9 +74,10 @@ def plan(b: CollectedStore, now: float) -> RetentionPlan:
             log.warning("%s", e)  # what that lease pins is unknown: delete nothing this run
             return RetentionPlan(None, (), (), ())
         if planned is not None and found <= pinned:
-            return planned
+            return replace(planned, manifest_rounds=removal_rounds(planned.delete_manifests, read))
         pinned |= found
-        refs = needs_by_version(b, manifests, data_files, now=now, pinned=pinned)
+        read = {}
+        refs = needs_by_version(b, manifests, data_files, now=now, pinned=pinned, seen=read)
         planned = plan_retention(
             manifests + leases + data_files,
             refs,
@@ -88,23 +92,58 @@ def plan(b: CollectedStore, now: float) -> RetentionPlan:
         listing = b.remote.list_files(LEASE_DIR)
 
 
+def removal_rounds(doomed: Iterable[str], read: Mapping[str, Manifest]) -> tuple[tuple[str, ...], ...]:
+    """`doomed` (manifests to remove) in rounds: no manifest in a round is on the chain of another
+    in the same round or a later one, so removing a round in any order, once every earlier round's
+    removals are durable, leaves every remaining manifest's chain whole, whichever of the round's
+    removals a power cut keeps. A changelog manifest's chain reaches its base version's manifest,
+    unless a snapshot of it was read (restores and `verify` stop there); `read` (manifests and
+    snapshot manifests, by path) gives each one's kind, and one it lacks is taken to reach its base.
+    A chain since the last snapshot is one round per version; snapshot commits are one round."""
+    doomed = list(doomed)
+    by_version: dict[int, list[str]] = {}
+    for rel in doomed:
+        by_version.setdefault(version_of_manifest(rel) or -1, []).append(rel)
+    level = dict.fromkeys(doomed, 0)
+    for rel in sorted(doomed, key=lambda r: version_of_manifest(r) or -1, reverse=True):  # children first
+        m = read.get(rel)
+        if m is not None and (not m.is_changelog or snapshot_path(m.version, m.manifest_id) in read):
+            continue  # its chain ends here
+        for parent in by_version.get((version_of_manifest(rel) or -1) - 1, ()):  # any attempt: the one it names
+            level[parent] = max(level[parent], level[rel] + 1)
+    rounds: dict[int, list[str]] = {}
+    for rel in doomed:
+        rounds.setdefault(level[rel], []).append(rel)
+    return tuple(tuple(sorted(rounds[n])) for n in sorted(rounds))
+
+
 def delete(remote: RemoteStore, planned: RetentionPlan, fault_point: Callable[[str], None]) -> int:
     """Deletes what `planned` names; returns how many attempt directories it removed. Manifests go
     first, so a crash part-way leaves only unreferenced files, which the next run (recomputing the
     same plan) removes."""
-    # Newest first: a version's chain only reaches down, so whatever part of the run a crash (or a
-    # power cut, which keeps some first part of the removals) leaves done, every manifest still there
-    # has its chain whole. Snapshot manifests go next, before the files they name, and all those
-    # removals are made durable before any file goes, or a power cut could bring a manifest back
-    # whose files were gone for good.
-    by_version = sorted(planned.delete_manifests, key=lambda rel: version_of_manifest(rel) or -1, reverse=True)
-    manifests = [*by_version, *(r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/"))]
+    # A round at a time (`removal_rounds`: newest first along each chain), each round's removals
+    # durable before the next round starts: a power cut may keep any of the removals not yet
+    # synced, not only a first part of them, so removals along a chain without a sync in between
+    # could keep an older manifest's removal and undo a newer one's, leaving that one with a hole
+    # in its chain. Snapshot manifests go next (no manifest left needs them), made durable before
+    # any file goes, or a power cut could bring a manifest back whose files were gone for good.
+    rounds = planned.manifest_rounds
+    if sorted(r for group in rounds for r in group) != sorted(planned.delete_manifests):
+        newest_first = sorted(planned.delete_manifests, key=lambda rel: version_of_manifest(rel) or -1, reverse=True)
+        rounds = tuple((rel,) for rel in newest_first)
+    snapshots = [r for r in planned.delete_files if r.startswith(SNAPSHOT_DIR + "/")]
     files = [r for r in planned.delete_files if not r.startswith(SNAPSHOT_DIR + "/")]
-    for rel in manifests:
+    for n, group in enumerate(rounds):
+        for rel in group:
+            remote.delete(rel)
+            fault_point("gc:deleted")
+        if n + 1 < len(rounds) or snapshots or files:
+            remote.sync_removals(group)
+    for rel in snapshots:
         remote.delete(rel)
         fault_point("gc:deleted")
-    if manifests and files:
-        remote.sync_removals(manifests)
+    if snapshots and files:
+        remote.sync_removals(snapshots)
     for rel in files:
         remote.delete(rel)
         fault_point("gc:deleted")
@@ -118,8 +157,11 @@ def needs_by_version(
     *,
     now: float,
     pinned: frozenset[int] = frozenset(),
+    seen: dict[str, Manifest] | None = None,
 ) -> dict[int, list[str] | None]:
-    """What each version with a manifest needs (None: a manifest of it is unreadable). A retained
+    """What each version with a manifest needs (None: a manifest of it is unreadable); `seen`, when
+    given, gets every manifest read or reused on the way, and the snapshot manifests read of the
+    versions on their way out, by path. A retained
     version needs its whole chain back to a snapshot; so do the version committed last, which
     retention keeps whatever its number (the next commit builds on it), and the `pinned` ones
     (live commit attempts build on them); an older one, only what it names itself (it is going,
@@ -158,9 +200,13 @@ def needs_by_version(
                 materialized = _listed_snapshot(b, snap, m, now) if snap is not None else None
                 if snap is not None and materialized is not None:
                     needed |= {snap.path, *(f.path for f in materialized.files())}
+                    if seen is not None:
+                        seen[snap.path] = materialized
             refs[v] = sorted(needed)
         except (CheckpointDamagedError, CheckpointMissingError):
             refs[v] = None  # unknown needs: keep every data file
+    if seen is not None:
+        seen.update({**unchecked, **cache})
     _remember_manifests(b, manifests, {**unchecked, **cache}, now)
     b.parsed.keep_only({f.path for f in manifests} | {f.path for f in snapshots.values()})
     return refs
