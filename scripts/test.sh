@@ -28,6 +28,9 @@ results=.test-results
 rm -rf "$results"; mkdir -p "$results"
 status=0
 
+echo "test: Scala unit tests (jvm-shim/src/test/scala, ScalaTest)"
+gradle --no-daemon -q scalaTest -PtestResults="$results" || status=1
+
 run_suite() {  # minor, then pytest arguments
   local minor=$1; shift
   echo "test: pytest on Spark $minor"
