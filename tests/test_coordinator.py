@@ -27,7 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_support import start_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
-BATCHES = 40
+BATCHES = 16
 MIN_DELTAS = 2
 
 
@@ -35,13 +35,16 @@ MIN_DELTAS = 2
 # (local[2] runs the same code in one JVM).
 @pytest.fixture(scope="module", params=["local-cluster[2,1,1024]"])
 def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
-    # Spark's lag rule at these settings: 5 x 2 versions behind and 10 x 1 s: a store that never
-    # reports is forced from about the 10th batch once 10 s have passed, well inside 60 batches.
+    # Spark's lag rule at these settings: 2 x 2 versions behind and 2 x 1 s (its multipliers are 5 and
+    # 10 by default): a store that never reports is forced from about the 4th batch once 2 s have
+    # passed, well inside the test's batches.
     session = start_session(
         request.param,
         **{
             "spark.sql.shuffle.partitions": "2",
             "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
+            "spark.sql.streaming.stateStore.multiplierForMinVersionDiffToLog": "2",
+            "spark.sql.streaming.stateStore.multiplierForMinTimeDiffToLog": "2",
             "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(MIN_DELTAS),
             "spark.sql.streaming.minBatchesToRetain": str(BATCHES * 2),  # every snapshot stays countable
         },
