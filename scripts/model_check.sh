@@ -2,7 +2,7 @@
 # The thorough run of the model-based test (tests/test_model.py): 10,000 random histories of up to
 # 40 steps (commits, aborts, reloads, maintenance, simulated crashes, a second instance) against a
 # dict model, for each state machine (snapshot commits, changelog commits, changelog commits with
-# compaction). CI runs 150 histories of 30 steps each.
+# compaction). The test command runs 40 histories of 30 steps each.
 #
 # It takes hours (since crashes are real worker deaths, 1,170-1,510 s a chunk two at a time in the
 # last run on 2 cores: about 5 hours), more than one working session, so it runs in seeded chunks

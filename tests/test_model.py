@@ -49,7 +49,7 @@ from pystatestore.store.errors import CheckpointDamagedError
 from pystatestore.store.leases import LeaseLostError
 
 settings.register_profile(
-    "ci", max_examples=80, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    "ci", max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.register_profile(
     "thorough", max_examples=10_000, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
