@@ -7,6 +7,7 @@ even when a straggler published another one of that version later."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,7 +85,18 @@ def store_dirs(checkpoint: Path, operator: int = 0) -> dict[tuple[int, str], Pat
     return out
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+# The ids flow the same way for every operator: an aggregation (one store a partition) and a join
+# (four) in the test command, every operator in the long runs (PYSTATESTORE_TEST_MATRIX=full).
+IN_THE_TEST_COMMAND = ("aggregation_update", "stream_stream_join")
+V2_SCENARIOS = [
+    s
+    if s in IN_THE_TEST_COMMAND or os.environ.get("PYSTATESTORE_TEST_MATRIX") == "full"
+    else pytest.param(s, marks=pytest.mark.slow)
+    for s in SCENARIOS
+]
+
+
+@pytest.mark.parametrize("scenario", V2_SCENARIOS)
 def test_v2_queries_equal_sparks_rocksdb_provider_in_v2(spark: SparkSession, scenario: str, tmp_path: Path) -> None:
     build, mode = SCENARIOS[scenario]
     expected, _ = run_with_restart(spark, build, provider=ROCKSDB_PROVIDER, workdir=tmp_path, output_mode=mode)
