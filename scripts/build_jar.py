@@ -131,6 +131,7 @@ def compile_jar(
         cmd = [
             "java",
             "-Xss8m",
+            "-XX:TieredStopAtLevel=1",  # a short-lived JVM: C2 costs scalac more CPU than it saves (build.gradle)
             "-cp",
             os.pathsep.join(j for j in jars if "/scala-" in j),
             "scala.tools.nsc.Main",
