@@ -52,7 +52,9 @@ if unknown := sorted(set(BACKENDS) - set(ALL_BACKENDS)):
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def contract_results(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[str, int]]:
     jar = compile_test_jar("contract", CONTRACT_SOURCES)
     work = tmp_path_factory.mktemp(f"contract-{request.param.replace(':', '-')}")
     stall = [
@@ -72,20 +74,32 @@ def contract_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     )
     results = {}
     for line in proc.stdout.splitlines():
-        m = re.match(r"^(PASS|FAIL) ([a-z0-9_]+)(?:: (.*))?$", line)
+        m = re.match(r"^(PASS|FAIL) ([a-z0-9_]+) (\d+)ms(?:: (.*))?$", line)
         if m:
-            results[m.group(2)] = m.group(1) if m.group(1) == "PASS" else f"FAIL: {m.group(3)}"
+            results[m.group(2)] = (m.group(1) if m.group(1) == "PASS" else f"FAIL: {m.group(4)}", int(m.group(3)))
     if "CONTRACT DONE" not in proc.stdout:
         pytest.fail(
             f"contract suite did not finish (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
+    show_times(request.config, request.param, results)
     return results
+
+
+def show_times(config: pytest.Config, backend: str, results: dict[str, tuple[str, int]]) -> None:
+    """One line per backend in the test log: where the suite's time goes (issue 83's budget)."""
+    slowest = sorted(results.items(), key=lambda item: -item[1][1])[:3]
+    line = f"contract[{backend}]: {len(results)} scenarios in {sum(ms for _, ms in results.values()) / 1000:.1f} s; "
+    line += "slowest " + ", ".join(f"{name} {ms / 1000:.1f} s" for name, (_, ms) in slowest)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_contract(contract_results: dict[str, str], scenario: str) -> None:
-    assert contract_results.get(scenario) == "PASS", contract_results.get(scenario, "scenario did not run")
+def test_contract(contract_results: dict[str, tuple[str, int]], scenario: str) -> None:
+    outcome, ms = contract_results.get(scenario, ("scenario did not run", 0))
+    assert outcome == "PASS", f"{outcome} (after {ms} ms)"
 
 
 def test_every_scenario_is_collected() -> None:

@@ -25,7 +25,8 @@ import org.pystatestore.{PythonStateStoreProvider, Release, StateWorker}
 /**
  * The provider contract, driven directly in a JVM (DESIGN §7), after Spark's StateStoreSuiteBase
  * scenarios. Run by tests/test_contract.py through spark-submit; prints one line per scenario:
- * "PASS name" or "FAIL name: reason". Arguments: work dir, python executable, python path.
+ * "PASS name 123ms" or "FAIL name 123ms: reason", with the time the scenario took. Arguments: work
+ * dir, python executable, python path.
  */
 object ContractSuite {
   val keySchema: StructType = StructType(Seq(StructField("k", StringType), StructField("i", IntegerType)))
@@ -1107,9 +1108,11 @@ object ContractSuite {
     var failures = 0
     try {
       for ((name, body) <- scenarios if only.isEmpty || only(name)) {
+        val started = System.nanoTime()
+        def elapsed: String = s"${(System.nanoTime() - started) / 1000000}ms"
         try {
           body()
-          println(s"PASS $name")
+          println(s"PASS $name $elapsed")
         } catch {
           case NonFatal(e) =>
             failures += 1
@@ -1117,7 +1120,7 @@ object ContractSuite {
               case c: Check => c.getMessage
               case other => s"${other.getClass.getName}: ${messages(other)}"
             }
-            println(s"FAIL $name: ${detail.replace('\n', ' ')}")
+            println(s"FAIL $name $elapsed: ${detail.replace('\n', ' ')}")
         }
         Console.out.flush()
       }
