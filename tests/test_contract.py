@@ -1,4 +1,4 @@
-"""Runs the JVM contract suite (tests/jvm/ContractSuite.scala) once and reports each scenario."""
+"""Runs the JVM contract suite (tests/jvm/Contract*.scala, entry point ContractSuite) and reports each scenario."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from jvm_support import (
 )
 
 # The shared scenarios, then those of what only the running Spark minor's API has (tests/jvm/spark-*/).
-CONTRACT_SOURCES = [ROOT / "tests" / "jvm" / "ContractSuite.scala", *minor_test_sources(running_minor())]
+CONTRACT_SOURCES = [*sorted((ROOT / "tests" / "jvm").glob("Contract*.scala")), *minor_test_sources(running_minor())]
 SCENARIOS = [n for src in CONTRACT_SOURCES for n in re.findall(r'scenario\("([a-z0-9_]+)"\)', src.read_text())]
 
 
@@ -91,8 +91,10 @@ def show_times(config: pytest.Config, backend: str, results: dict[str, tuple[str
     line = f"contract[{backend}]: {len(results)} scenarios in {sum(ms for _, ms in results.values()) / 1000:.1f} s; "
     line += "slowest " + ", ".join(f"{name} {ms / 1000:.1f} s" for name, (_, ms) in slowest)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # a fixture's output is captured, not shown
+            reporter.write_line(line)
 
 
 @pytest.mark.spark

@@ -10,7 +10,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreProvider
  * loadEmpty, multiGet, range scans and multiple values per key.
  */
 object Since42Scenarios {
-  import ContractSuite._
+  import ContractHarness._
 
   def snapshotFiles(dir: String): Seq[String] =
     Option(new File(new java.net.URI(dir).getPath, "0/0/snapshots").list()).map(_.toSeq.sorted).getOrElse(Nil)

@@ -9,7 +9,7 @@ import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpe
  * only doSnapshotMaintenance and doCleanupMaintenance, under maintenanceLock's read lock.
  */
 object MinorScenarios {
-  import ContractSuite._
+  import ContractHarness._
 
   def register(): Unit = {
     Since42Scenarios.register()
