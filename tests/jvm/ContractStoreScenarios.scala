@@ -15,7 +15,7 @@ object ContractStoreScenarios {
   import ContractHarness._
 
   def register(): Unit = {
-    scenario("get_put_remove_commit") {
+    scenario("get_put_remove_commit", EveryBackend) {
       val p = provider(newDir())
       val s = p.getStore(0)
       check(s.version == 0, s"version ${s.version}")
@@ -33,7 +33,7 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("updates_after_commit_or_abort_are_refused") {
+    scenario("updates_after_commit_or_abort_are_refused", DefaultBackendOnly) {
       val p = provider(newDir())
       val s = p.getStore(0)
       s.put(key("a"), value(1)); s.commit()
@@ -46,14 +46,14 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("put_null_is_refused") {
+    scenario("put_null_is_refused", DefaultBackendOnly) {
       val p = provider(newDir())
       val s = p.getStore(0)
       expectThrows[IllegalArgumentException]("put(null)")(s.put(key("a"), null))
       s.abort(); p.close()
     }
 
-    scenario("iterator_sees_buffer_and_base_and_allows_updates") {
+    scenario("iterator_sees_buffer_and_base_and_allows_updates", EveryBackend) {
       val p = provider(newDir())
       commitVersion(p, 0, Map("a" -> 1, "b" -> 2, "c" -> 3))
       val s = p.getStore(1)
@@ -67,7 +67,7 @@ object ContractStoreScenarios {
       s.commit(); p.close()
     }
 
-    scenario("write_buffer_matches_a_map_across_pages_overwrites_and_point_in_time_scans") {
+    scenario("write_buffer_matches_a_map_across_pages_overwrites_and_point_in_time_scans", DefaultBackendOnly) {
       // Enough writes to fill many buffer pages and grow its index, rows larger than a page,
       // overwrites, deletes of present and absent keys, and iterators and prefix scans that must
       // see the store as it was when they started while it keeps changing.
@@ -129,7 +129,7 @@ object ContractStoreScenarios {
       reloaded.abort(); fresh.close()
     }
 
-    scenario("abort_discards_changes") {
+    scenario("abort_discards_changes", DefaultBackendOnly) {
       val dir = newDir()
       val p = provider(dir)
       commitVersion(p, 0, Map("a" -> 1))
@@ -141,7 +141,7 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("reload_every_version_from_a_new_provider") {
+    scenario("reload_every_version_from_a_new_provider", EveryBackend) {
       val dir = newDir()
       val p = provider(dir)
       (1 to 6).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v), if (v > 2) Seq(s"k${v - 2}") else Nil))
@@ -158,7 +158,7 @@ object ContractStoreScenarios {
       fresh.close()
     }
 
-    scenario("invalid_versions_fail_with_cannot_load_state_store") {
+    scenario("invalid_versions_fail_with_cannot_load_state_store", EveryBackend) {
       val dir = newDir()
       val p = provider(dir)
       val neg = expectThrows[Throwable]("getStore(-1)")(p.getStore(-1))
@@ -178,7 +178,7 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("prefix_scan") {
+    scenario("prefix_scan", EveryBackend) {
       val dir = newDir()
       val spec = PrefixKeyScanStateEncoderSpec(keySchema, 1)
       val p = provider(dir, encoder = spec)
@@ -202,7 +202,7 @@ object ContractStoreScenarios {
       fresh.close(); plain.close()
     }
 
-    scenario("read_store_then_upgrade_to_write_store") {
+    scenario("read_store_then_upgrade_to_write_store", EveryBackend) {
       val p = provider(newDir())
       commitVersion(p, 0, Map("a" -> 1))
       val pool = Executors.newSingleThreadExecutor()
@@ -224,7 +224,7 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("metrics_match_supported_custom_metrics") {
+    scenario("metrics_match_supported_custom_metrics", EveryBackend) {
       val p = provider(newDir())
       val s = p.getStore(0)
       (1 to 5).foreach(i => s.put(key(s"k$i"), value(i)))
@@ -243,7 +243,7 @@ object ContractStoreScenarios {
       p.close()
     }
 
-    scenario("key_counts_come_from_spark_reads_not_lookups") {
+    scenario("key_counts_come_from_spark_reads_not_lookups", EveryBackend) {
       val p = provider(newDir())
       commitVersion(p, 0, Map("a" -> 1, "b" -> 2, "c" -> 3))
       // Spark's aggregation: a read store is upgraded first, then every key is read, then written.

@@ -7,20 +7,24 @@ import scala.util.control.NonFatal
 
 import org.apache.spark.sql.SparkSession
 
+import org.pystatestore.StateWorker
+
 /**
  * The provider contract, driven directly in a JVM (DESIGN §7), after Spark's StateStoreSuiteBase
  * scenarios (ContractStoreScenarios, ContractVersionScenarios, ContractFamilyScenarios,
  * ContractWorkerScenarios, then tests/jvm/spark-MINOR/ for what only this Spark minor's API has). Run
- * by tests/test_contract.py through spark-submit; prints one line per scenario:
- * "PASS name 123ms" or "FAIL name 123ms: reason", with the time the scenario took. Arguments: work
- * dir, python executable, python path, backend, then the names of the scenarios to run (all if none).
+ * by tests/test_contract.py through spark-submit. Arguments: work dir, python executable, python
+ * path, the backends to run (comma-separated: "rocksdb,rocksdb:snapshot,memory"), then the names of
+ * the scenarios to run (all if none). Each backend runs the scenarios whose Reach names it, with
+ * workers of its own; one line per scenario: "PASS backend name 123ms" or "FAIL backend name 123ms:
+ * reason", with the time the scenario took.
  */
 object ContractSuite {
   import ContractHarness._
 
   def main(args: Array[String]): Unit = {
     configure(new File(args(0)).toPath, args(1), args(2))
-    useBackend(args(3))
+    val backends = args(3).split(",").toSeq
     val only = args.drop(4).toSet
     ContractStoreScenarios.register()
     ContractVersionScenarios.register()
@@ -32,22 +36,28 @@ object ContractSuite {
       .config("spark.ui.enabled", "false").getOrCreate()
     var failures = 0
     try {
-      for ((name, body) <- registered if only.isEmpty || only(name)) {
-        val started = System.nanoTime()
-        def elapsed: String = s"${(System.nanoTime() - started) / 1000000}ms"
-        try {
-          body()
-          println(s"PASS $name $elapsed")
-        } catch {
-          case NonFatal(e) =>
-            failures += 1
-            val detail = e match {
-              case c: Check => c.getMessage
-              case other => s"${other.getClass.getName}: ${messages(other)}"
-            }
-            println(s"FAIL $name $elapsed: ${detail.replace('\n', ' ')}")
+      for (backendSpec <- backends) {
+        useBackend(backendSpec)
+        // A backend's scenarios start without workers, as in a JVM of their own: faults injected
+        // once per worker fire again, and no worker outlives the backend it served.
+        StateWorker.currentWorkers.foreach(_.process.destroyForcibly().waitFor())
+        for (sc <- registered if sc.reach.runsOn(backendSpec) && (only.isEmpty || only(sc.name))) {
+          val started = System.nanoTime()
+          def elapsed: String = s"${(System.nanoTime() - started) / 1000000}ms"
+          try {
+            sc.run()
+            println(s"PASS $backendSpec ${sc.name} $elapsed")
+          } catch {
+            case NonFatal(e) =>
+              failures += 1
+              val detail = e match {
+                case c: Check => c.getMessage
+                case other => s"${other.getClass.getName}: ${messages(other)}"
+              }
+              println(s"FAIL $backendSpec ${sc.name} $elapsed: ${detail.replace('\n', ' ')}")
+          }
+          Console.out.flush()
         }
-        Console.out.flush()
       }
     } finally spark.stop()
     println(s"CONTRACT DONE failures=$failures")

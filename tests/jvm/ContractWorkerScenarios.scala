@@ -14,7 +14,7 @@ object ContractWorkerScenarios {
   import ContractHarness._
 
   def register(): Unit = {
-    scenario("worker_death_fails_the_commit_and_the_next_task_recovers") {
+    scenario("worker_death_fails_the_commit_and_the_next_task_recovers", DefaultBackendOnly) {
       val dir = newDir()
       val p = provider(dir)
       commitVersion(p, 0, Map("a" -> 1))
@@ -22,7 +22,7 @@ object ContractWorkerScenarios {
       val deadWorkersDatabases = Option(worker.localStateDir.listFiles()).toSeq.flatten.flatMap { d =>
         Option(d.listFiles()).toSeq.flatten
       }
-      check(backend != "rocksdb" || deadWorkersDatabases.nonEmpty, s"no local databases under ${worker.localStateDir}")
+      check(deadWorkersDatabases.nonEmpty, s"no local databases under ${worker.localStateDir}")
       val s = p.getStore(1)
       s.put(key("b"), value(2))
       // Freeze the worker so the commit is surely in flight, then kill it mid-call.
@@ -53,7 +53,7 @@ object ContractWorkerScenarios {
       p.close(); fresh.close()
     }
 
-    scenario("worker_killed_between_calls_is_replaced_transparently") {
+    scenario("worker_killed_between_calls_is_replaced_transparently", DefaultBackendOnly) {
       val dir = newDir()
       val p = provider(dir)
       commitVersion(p, 0, Map("a" -> 1))
@@ -66,7 +66,7 @@ object ContractWorkerScenarios {
       p.close()
     }
 
-    scenario("a_worker_killed_while_a_view_is_open") {
+    scenario("a_worker_killed_while_a_view_is_open", DefaultBackendOnly) {
       val dir = newDir()
       val p = provider(dir)
       commitVersion(p, 0, (1 to 200).map(i => s"k$i" -> i).toMap)
@@ -85,7 +85,7 @@ object ContractWorkerScenarios {
       p.close()
     }
 
-    scenario("a_version_whose_apply_failed_after_its_commit_is_read_whole") {
+    scenario("a_version_whose_apply_failed_after_its_commit_is_read_whole", DefaultBackendOnly) {
       // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) fails the worker's apply of the first
       // commit of any store whose directory contains "apply-fails", after that commit replied
       // (durable first, rocksdb changelog): its view must come from the checkpoint instead.
@@ -98,11 +98,9 @@ object ContractWorkerScenarios {
       s.remove(key("a"))
       check(s.commit() == 2, "a commit on the version whose apply failed")
       val byName = s.metrics.customMetrics.map { case (k, v) => k.name -> v }
-      if (backend == "rocksdb" && commitMode != "snapshot") {
-        check(byName("pystatestoreApplyFailures") == 1,
-          s"apply failures reported: ${byName("pystatestoreApplyFailures")}")
-        check(byName.contains("pystatestoreViewWaitMs"), "view wait reported")
-      }
+      check(byName("pystatestoreApplyFailures") == 1,
+        s"apply failures reported: ${byName("pystatestoreApplyFailures")}")
+      check(byName.contains("pystatestoreViewWaitMs"), "view wait reported")
       s.release()
       check(contents(p.getStore(2)) == Map(("b", 0) -> 2, ("c", 0) -> 3), "version 2, read from the cache")
       val fresh = provider(dir)
@@ -110,7 +108,7 @@ object ContractWorkerScenarios {
       p.close(); fresh.close()
     }
 
-    scenario("a_bad_worker_count_is_refused_naming_the_conf") {
+    scenario("a_bad_worker_count_is_refused_naming_the_conf", DefaultBackendOnly) {
       for (bad <- Seq("0", "many", "65")) {
         val e = expectThrows[Throwable](s"workers=$bad") {
           provider(newDir(), conf = sqlConf("spark.sql.streaming.stateStore.pystatestore.workers" -> bad))
@@ -120,7 +118,7 @@ object ContractWorkerScenarios {
       }
     }
 
-    scenario("partitions_are_spread_over_the_pool_and_one_worker_dying_spares_the_others") {
+    scenario("partitions_are_spread_over_the_pool_and_one_worker_dying_spares_the_others", DefaultBackendOnly) {
       val dir = newDir()
       val ps = (0 until 2).map(part => provider(dir, partition = part))
       ps.zipWithIndex.foreach { case (p, part) => commitVersion(p, 0, Map(s"p$part" -> 1)) }
@@ -131,7 +129,7 @@ object ContractWorkerScenarios {
       if (expected == 2) {
         val Seq(w0, w1) = Seq(0, 1).map(part => StateWorker.workerFor(part).get)
         check(w0.pid != w1.pid && w0.localStateDir != w1.localStateDir, s"partitions 0 and 1 share ${w0.describe}")
-        def hasLocalDb: Boolean = backend != "rocksdb" || Option(w1.localStateDir.list()).exists(_.nonEmpty)
+        def hasLocalDb: Boolean = Option(w1.localStateDir.list()).exists(_.nonEmpty)
         check(hasLocalDb, s"no local database under ${w1.localStateDir}")
         w0.process.destroyForcibly().waitFor()
         check(commitVersion(ps(0), 1, Map("p0b" -> 2)) == 2, "partition 0 commits after its worker was killed")
@@ -142,7 +140,7 @@ object ContractWorkerScenarios {
       ps.foreach(_.close())
     }
 
-    scenario("two_partitions_commit_concurrently") {
+    scenario("two_partitions_commit_concurrently", DefaultBackendOnly) {
       val dir = newDir()
       val pool = Executors.newFixedThreadPool(4)
       try {
@@ -163,7 +161,7 @@ object ContractWorkerScenarios {
       } finally pool.shutdownNow()
     }
 
-    scenario("a_python_that_cannot_run_the_worker_gives_a_clear_error") {
+    scenario("a_python_that_cannot_run_the_worker_gives_a_clear_error", DefaultBackendOnly) {
       StateWorker.currentWorkers.foreach(_.process.destroyForcibly().waitFor())
       val p = provider(newDir(), conf = sqlConf(ConfPrefix + "pythonExec" -> "/bin/false"))
       val s = p.getStore(0)
@@ -179,7 +177,7 @@ object ContractWorkerScenarios {
       good.close()
     }
 
-    scenario("a_frozen_worker_fails_the_call_within_bounds") {
+    scenario("a_frozen_worker_fails_the_call_within_bounds", DefaultBackendOnly) {
       val dir = newDir()
       val p = provider(dir, conf = sqlConf(ConfPrefix + "workerProbeIntervalMs" -> "1000"))
       commitVersion(p, 0, Map("a" -> 1))
@@ -202,7 +200,7 @@ object ContractWorkerScenarios {
       p.close()
     }
 
-    scenario("a_call_stuck_in_one_store_times_out_alone") {
+    scenario("a_call_stuck_in_one_store_times_out_alone", DefaultBackendOnly) {
       // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) stalls the first commit of any
       // store whose directory contains "stuck-store" for 8 s in the worker.
       val stuckDir = Files.createTempDirectory(workDir, "stuck-store").toUri.toString
@@ -234,7 +232,7 @@ object ContractWorkerScenarios {
       stuck.close(); healthy.close()
     }
 
-    scenario("a_transport_error_fails_only_that_call") {
+    scenario("a_transport_error_fails_only_that_call", DefaultBackendOnly) {
       // PYSTATESTORE_TEST_FAULTS (set by tests/test_contract.py) closes the connection of the first
       // commit of any store whose directory contains "severed-store", as a network failure would.
       val severedDir = Files.createTempDirectory(workDir, "severed-store").toUri.toString
@@ -253,7 +251,7 @@ object ContractWorkerScenarios {
       severed.close(); healthy.close()
     }
 
-    scenario("a_worker_of_another_release_is_refused") {
+    scenario("a_worker_of_another_release_is_refused", DefaultBackendOnly) {
       val foreign = sys.env.getOrElse("PYSTATESTORE_TEST_FOREIGN_PYTHONPATH", "")
       check(foreign.nonEmpty, "tests/test_contract.py must set PYSTATESTORE_TEST_FOREIGN_PYTHONPATH")
       StateWorker.currentWorkers.foreach(_.process.destroyForcibly().waitFor())

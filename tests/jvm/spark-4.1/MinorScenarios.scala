@@ -7,7 +7,7 @@ object MinorScenarios {
   import ContractHarness._
 
   def register(): Unit = {
-    scenario("spark41_get_store_and_upgrade_signatures") {
+    scenario("spark41_get_store_and_upgrade_signatures", DefaultBackendOnly) {
       val p: PythonStateStoreProvider = provider(newDir())
       val s = p.getStore(0L, None)
       s.put(key("a"), value(1))
