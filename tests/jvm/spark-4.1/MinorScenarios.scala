@@ -4,10 +4,10 @@ import org.pystatestore.PythonStateStoreProvider
 
 /** Spark 4.1's own signatures: the two-argument getStore and the three-argument upgrade. */
 object MinorScenarios {
-  import ContractSuite._
+  import ContractHarness._
 
   def register(): Unit = {
-    scenario("spark41_get_store_and_upgrade_signatures") {
+    scenario("spark41_get_store_and_upgrade_signatures", DefaultBackendOnly) {
       val p: PythonStateStoreProvider = provider(newDir())
       val s = p.getStore(0L, None)
       s.put(key("a"), value(1))

@@ -10,7 +10,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreProvider
  * loadEmpty, multiGet, range scans and multiple values per key.
  */
 object Since42Scenarios {
-  import ContractSuite._
+  import ContractHarness._
 
   def snapshotFiles(dir: String): Seq[String] =
     Option(new File(new java.net.URI(dir).getPath, "0/0/snapshots").list()).map(_.toSeq.sorted).getOrElse(Nil)
@@ -20,31 +20,27 @@ object Since42Scenarios {
     new java.net.URI(p.stateStoreId.checkpointRootLocation).getPath.stripSuffix("/")
 
   def register(): Unit = {
-    scenario("force_snapshot_on_commit_has_a_snapshot_when_commit_returns") {
+    scenario("force_snapshot_on_commit_has_a_snapshot_when_commit_returns", DefaultBackendOnly) {
       val dir = newDir()
       // Maintenance would snapshot only after 100 versions: any snapshot is the commit's own.
       val p = provider(dir, conf = sqlConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "100"))
       (1 to 3).foreach(v => commitVersion(p, v - 1, Map(s"k$v" -> v)))
-      check(snapshotFiles(dir).isEmpty || !changelogCommits, s"no snapshot before forcing: ${snapshotFiles(dir)}")
+      check(snapshotFiles(dir).isEmpty, s"no snapshot before forcing: ${snapshotFiles(dir)}")
       val s = p.getStore(3, None, forceSnapshotOnCommit = true, loadEmpty = false)
       s.put(key("k4"), value(4))
       s.commit()
-      if (changelogCommits) {
-        check(snapshotFiles(dir).exists(_.startsWith("4-")), s"version 4's snapshot: ${snapshotFiles(dir)}")
-      }
+      check(snapshotFiles(dir).exists(_.startsWith("4-")), s"version 4's snapshot: ${snapshotFiles(dir)}")
       // Upgrading a read store keeps the flag too.
       val up = p.upgradeReadStoreToWriteStore(p.getReadStore(4), 4, None, forceSnapshotOnCommit = true)
       up.put(key("k5"), value(5))
       up.commit()
-      if (changelogCommits) {
-        check(snapshotFiles(dir).exists(_.startsWith("5-")), s"version 5's snapshot: ${snapshotFiles(dir)}")
-      }
+      check(snapshotFiles(dir).exists(_.startsWith("5-")), s"version 5's snapshot: ${snapshotFiles(dir)}")
       val fresh = provider(dir)
       check(contents(fresh.getStore(5)).size == 5, "version 5 reloads")
       fresh.close(); p.close()
     }
 
-    scenario("load_empty_writes_a_version_that_needs_no_earlier_one") {
+    scenario("load_empty_writes_a_version_that_needs_no_earlier_one", EveryBackend) {
       val dir = newDir()
       val p = provider(dir)
       val s = p.getStore(7, None, forceSnapshotOnCommit = false, loadEmpty = true)
@@ -59,7 +55,7 @@ object Since42Scenarios {
       fresh.close(); p.close()
     }
 
-    scenario("multi_get_sees_the_buffer_and_the_base") {
+    scenario("multi_get_sees_the_buffer_and_the_base", DefaultBackendOnly) {
       val p = provider(newDir())
       commitVersion(p, 0, Map("a" -> 1, "b" -> 2))
       val s = p.getStore(1)
@@ -75,7 +71,7 @@ object Since42Scenarios {
       p.close()
     }
 
-    scenario("range_scans_and_multiple_values_are_refused_with_spark_errors") {
+    scenario("range_scans_and_multiple_values_are_refused_with_spark_errors", DefaultBackendOnly) {
       val p = provider(newDir())
       val s = p.getStore(0)
       val calls: Seq[(String, () => Any)] = Seq(

@@ -9,12 +9,12 @@ import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpe
  * only doSnapshotMaintenance and doCleanupMaintenance, under maintenanceLock's read lock.
  */
 object MinorScenarios {
-  import ContractSuite._
+  import ContractHarness._
 
   def register(): Unit = {
     Since42Scenarios.register()
 
-    scenario("split_maintenance_snapshots_and_cleans_up_separately") {
+    scenario("split_maintenance_snapshots_and_cleans_up_separately", EveryBackend) {
       val dir = newDir()
       val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
         "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
@@ -31,15 +31,19 @@ object MinorScenarios {
         val deadline = System.currentTimeMillis() + 20000
         while (snapshots != Seq("2", "4", "6") && System.currentTimeMillis() < deadline) Thread.sleep(50)
         check(snapshots == Seq("2", "4", "6"), s"snapshot maintenance made snapshots of: $snapshots")
-        Thread.sleep(10500) // past the grace that keeps the chain before a fresh snapshot
       }
       p.doCleanupMaintenance()
-      check(manifests == Seq("4.json", "5.json", "6.json"), s"cleanup maintenance applies retention: $manifests")
+      // Versions 4-6 are retained. With changelog commits, while snapshot 4 is younger than the grace
+      // the chain back to snapshot 2 stays too (maintenance_applies_min_batches_to_retain waits the
+      // grace out; this scenario need not, it may only have passed on a slow machine).
+      val retained = Seq("4.json", "5.json", "6.json")
+      val kept = if (changelogCommits) Set(Seq("2.json", "3.json") ++ retained, retained) else Set(retained)
+      check(kept(manifests), s"cleanup maintenance applies retention: $manifests")
       check(contents(provider(dir, conf = conf).getStore(6)).size == 6, "version 6 reloads")
       p.close()
     }
 
-    scenario("an_unloaded_provider_skips_periodic_maintenance") {
+    scenario("an_unloaded_provider_skips_periodic_maintenance", DefaultBackendOnly) {
       val dir = newDir()
       // Every commit is due a snapshot (the changes since the last exceed changelogMaxBytes): while
       // loaded, the shim makes them at once; once unloaded, neither the commit's request nor Spark's
@@ -52,13 +56,11 @@ object MinorScenarios {
       def snapshotsOf(version: Int) = Since42Scenarios.snapshotFiles(dir).filter(_.startsWith(s"$version-"))
       // Loaded: version 3's snapshot, made by its request or here (a run skips while another snapshots).
       val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
-      while (changelogCommits && snapshotsOf(3).isEmpty && System.nanoTime() < deadline) {
+      while (snapshotsOf(3).isEmpty && System.nanoTime() < deadline) {
         p.doSnapshotMaintenance()
         Thread.sleep(100)
       }
-      // (snapshot commits make no maintenance snapshots: there the cleanup check alone can fail)
-      check(snapshotsOf(3).nonEmpty || !changelogCommits,
-        s"a loaded provider made no snapshot: ${Since42Scenarios.snapshotFiles(dir)}")
+      check(snapshotsOf(3).nonEmpty, s"a loaded provider made no snapshot: ${Since42Scenarios.snapshotFiles(dir)}")
       Thread.sleep(500) // requests still queued from versions 1-3 find nothing due and end
       p.setUnloaded()
       check(p.unloaded, "setUnloaded")
@@ -72,7 +74,7 @@ object MinorScenarios {
       p.close()
     }
 
-    scenario("register_col_family_accepts_the_default_family_only") {
+    scenario("register_col_family_accepts_the_default_family_only", DefaultBackendOnly) {
       val p = provider(newDir())
       val s = p.getStore(0)
       val spec = NoPrefixKeyStateEncoderSpec(keySchema)
