@@ -23,7 +23,7 @@ fi
 # The wheel carries a jar per Spark minor, each compiled against that minor's own pyspark jars/:
 # install each supported pyspark (no deps) once per machine under ~/.cache/pystatestore; pip's
 # cache means nothing is downloaded twice. The tests of the other minors run on these too.
-echo "setup: the supported Spark minors' pyspark (cached per machine)"
+echo "setup: the supported Spark minors' pyspark (cached per machine; ${SECONDS}s since setup began)"
 .venv/bin/python scripts/build_jar.py --provision > /dev/null
 
 # One gradle run builds every supported minor's shim jar (jvm-shim/src/minors.txt), each against that
@@ -33,7 +33,7 @@ echo "setup: the supported Spark minors' pyspark (cached per machine)"
 # fetches its pinned library from Maven Central into ~/.gradle (decision 0047).
 # --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
 # and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
-echo "setup: the shim jars of every Spark minor (gradle; compiles only what changed)"
+echo "setup: the shim jars of every Spark minor (gradle; compiles only what changed; ${SECONDS}s)"
 mkdir -p .gradle
 # A failed build fails setup, and gradle deletes the jar of a minor whose compile failed: the tests
 # never run against a jar left over from an earlier build.
@@ -48,7 +48,7 @@ for minor in $minors; do
   [ -f "$jar" ] || { echo "setup: gradle built no $jar (is Spark $minor in jvm-shim/src/minors.txt?)" >&2; exit 1; }
 done
 
-echo "setup: pip install . (wheel with a jar per Spark minor inside: the ones gradle just built)"
+echo "setup: pip install . (wheel with a jar per Spark minor inside: the ones gradle just built; ${SECONDS}s)"
 # setuptools builds in build/ and never removes what it copied there before: a module moved or
 # deleted since the last install would otherwise still ship in the wheel.
 rm -rf build

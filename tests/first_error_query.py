@@ -2,7 +2,8 @@
 the provider class, the worker's interpreter), for tests/test_first_error.py. One Spark session;
 each line read from stdin is a query to run in it, one after another (a JSON object:
 `checkpoint`, and optionally `confs` (the provider's confs for this query only), `partitions`,
-`rows` per batch, `batches`, `timeout` in seconds). For each, one JSON line is printed with what
+`rows` per batch, `batches`, `value_bytes` of a string each key's state keeps, `timeout` in
+seconds). For each, one JSON line is printed with what
 PySpark shows of the query's failure, if it failed (the error `awaitTermination` raised, and
 `query.exception()`), and the seconds it took. A line `{"ready": ...}` comes first, once the
 session is up.
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 import pyspark  # noqa: F401 - imported before PYTHONPATH is dropped, from wherever it points
+from pyspark.sql import functions as F
 
 import pystatestore
 
@@ -42,10 +44,12 @@ def run_case(spark: Any, case: dict[str, Any]) -> dict[str, Any] | None:
     spark.conf.set("spark.sql.shuffle.partitions", str(case.get("partitions", 4)))
     try:
         source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", case.get("rows", 1000)).load()
+        counts = source.groupBy("value").count()
+        if case.get("value_bytes"):  # wide state values: a commit's change frame batch is that much larger
+            pad = F.expr(f"repeat('x', {int(case['value_bytes'])})")
+            counts = source.withColumn("pad", pad).groupBy("value").agg(F.count("*"), F.max("pad"))
         query = (
-            source.groupBy("value")
-            .count()
-            .writeStream.outputMode("update")
+            counts.writeStream.outputMode("update")
             .format("noop")
             .option("checkpointLocation", case["checkpoint"])
             .trigger(processingTime="0 seconds")

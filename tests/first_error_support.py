@@ -75,13 +75,17 @@ class Driver:
         partitions: int = 4,
         rows: int = 1000,
         batches: int = 2,
+        value_bytes: int = 0,
         starts_worker: bool = False,
     ) -> str | None:
         """Runs a query to its `batches`-th batch or its failure; what PySpark showed of the failure, or
-        None. `starts_worker`: it may start a worker that works (this JVM then has one for good)."""
+        None. `value_bytes`: each key's state also keeps a string this long (the same for every run
+        of a checkpoint). `starts_worker`: it may start a worker that works (this JVM then has one
+        for good)."""
         assert self.process.poll() is None, f"the query's driver has exited:\n{self._log_tail()}"
         self.had_worker = self.had_worker or starts_worker
         case = {"checkpoint": str(checkpoint), "confs": confs, "partitions": partitions, "rows": rows}
+        case["value_bytes"] = value_bytes
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({**case, "batches": batches, "timeout": CASE_TIMEOUT_S - 60}) + "\n")
         self.process.stdin.flush()
@@ -138,6 +142,22 @@ def limit_memory_above_use(group: Path, headroom_bytes: int) -> int:
     limit = int((group / "memory.usage_in_bytes").read_text()) + headroom_bytes
     (group / "memory.limit_in_bytes").write_text(str(limit))
     return limit
+
+
+def memory_cgroup_report(group: Path, limit: int) -> str:
+    """What a memory group's processes used against its limit, for a test whose kill did not come."""
+    try:
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        peak = int((group / "memory.max_usage_in_bytes").read_text())
+        hits = int((group / "memory.failcnt").read_text())
+        procs = (group / "cgroup.procs").read_text().split()
+    except OSError as e:
+        return f"its memory group {group} could not be read ({e})"
+    mib = {k: int(stat.get(k, 0)) >> 20 for k in ("rss", "cache", "mapped_file")}
+    return (
+        f"limit {limit >> 20} MiB, peak {peak >> 20} MiB, limit reached {hits} times; now rss {mib['rss']} MiB, "
+        f"page cache {mib['cache']} MiB (mapped {mib['mapped_file']} MiB); processes in it now: {procs}"
+    )
 
 
 def remove_cgroup(group: Path) -> bool:

@@ -116,6 +116,12 @@ def show_times(config: pytest.Config, results: dict[tuple[str, str], tuple[str, 
             f"contract[{backend}]: {len(times)} scenarios in {sum(times.values()) / 1000:.1f} s; slowest "
             + ", ".join(f"{name} {ms / 1000:.1f} s" for name, ms in slowest)
         )
+    # Under pytest-xdist a worker has no terminal: the lines go to the test command's results instead.
+    results_dir = os.environ.get("PYSTATESTORE_TEST_RESULTS")
+    if results_dir:
+        minor = os.environ.get("PYSTATESTORE_EXPECT_SPARK_MINOR", "default")
+        with open(Path(results_dir) / f"contract-times-spark-{minor}.txt", "w") as out:
+            out.writelines(line + "\n" for line in lines)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:

@@ -54,6 +54,7 @@ from first_error_support import (
     directories,
     limit_memory_above_use,
     memory_cgroup,
+    memory_cgroup_report,
     remove_cgroup,
     try_mount_tmpfs,
     unmount,
@@ -200,9 +201,11 @@ def test_another_release_is_refused_naming_both(tmp_path: Path, drivers: Drivers
 def test_a_worker_killed_for_memory_is_named_with_its_memory(tmp_path: Path, drivers: Drivers) -> None:
     """The kernel's out-of-memory killer, for real: the one worker of the one store runs in a memory
     cgroup (as in an executor container) whose limit, once the worker has started and committed a
-    first batch, is set 4 MiB above what it uses; a restart's batch of 500k keys does not fit. (A
-    fixed limit would depend on what the kernel charges the group: a shared library's pages count
-    only where no other process loaded them first.)"""
+    first batch, is set 4 MiB above what it uses; the restart's batch of 40k keys, each keeping 1 KiB,
+    does not fit: the worker holds one batch of the JVM's change frame (32,768 rows) at a time, 65 MiB
+    above its use here. (A fixed limit would depend on what the kernel charges the group: a shared
+    library's pages count only where no other process loaded them first. Keys of a count alone, 16
+    bytes, once fit the headroom on CI: a frame batch of them is about 1 MiB.)"""
     group = memory_cgroup()
     if group is None:
         pytest.skip(
@@ -216,9 +219,13 @@ def test_a_worker_killed_for_memory_is_named_with_its_memory(tmp_path: Path, dri
         confs = {f"{CONF}pythonExec": str(python), f"{CONF}pythonPath": PACKAGE_PARENT}
         driver = drivers.get("local", without_worker=True)  # else a live worker would take the store
         ckpt = tmp_path / "ckpt"
-        assert driver.run(ckpt, confs, partitions=1, batches=1, starts_worker=True) is None
-        limit_memory_above_use(group, 4 << 20)
-        text = shown(driver.run(ckpt, confs, rows=500_000, batches=3))
+        wide = 1024
+        assert driver.run(ckpt, confs, partitions=1, batches=1, value_bytes=wide, starts_worker=True) is None
+        limit = limit_memory_above_use(group, 4 << 20)
+        outcome = driver.run(ckpt, confs, rows=40_000, batches=3, value_bytes=wide)
+        if outcome is None:
+            pytest.fail(f"the worker was not killed: {memory_cgroup_report(group, limit)}")
+        text = shown(outcome)
     finally:
         # Its one process is gone once it is killed; one that was not goes with its driver.
         if not remove_cgroup(group):
