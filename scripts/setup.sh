@@ -9,11 +9,25 @@ missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v gradle >/dev/null 2>&1 || missing+=(gradle)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the report test opens the HTML report headless
+# Debian's packages download beside the Python ones (different servers): nothing before gradle
+# needs them. Their output goes to a log shown only if they fail.
+apt_pid=""
+wait_for_apt() {
+  if [ -n "$apt_pid" ] && ! wait "$apt_pid"; then
+    cat .gradle/apt.log >&2
+    echo "setup: apt-get could not install ${missing[*]} (log above)" >&2
+    exit 1
+  fi
+  apt_pid=""
+}
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]} from Debian"
+  echo "setup: installing ${missing[*]} from Debian, beside the Python packages"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
+  mkdir -p .gradle
+  ( $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" ) \
+    > .gradle/apt.log 2>&1 &
+  apt_pid=$!
+  [ -z "$sudo" ] || wait_for_apt  # sudo may ask for a password: not in the background
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -33,6 +47,7 @@ echo "setup: the supported Spark minors' pyspark (cached per machine; ${SECONDS}
 # fetches its pinned library from Maven Central into ~/.gradle (decision 0047).
 # --no-daemon: a gradle daemon would stay up after setup (about 190 MiB, idle), on a user's machine
 # and beside every benchmark; the build runs once per setup, so a warm daemon saves nothing.
+wait_for_apt
 echo "setup: the shim jars of every Spark minor (gradle; compiles only what changed; ${SECONDS}s)"
 mkdir -p .gradle
 # A failed build fails setup, and gradle deletes the jar of a minor whose compile failed: the tests

@@ -48,9 +48,13 @@ run_suite() {  # minor, then pytest arguments
 default_minor=$(.venv/bin/python -c "from pystatestore.spark_minors import DEFAULT_MINOR; print(DEFAULT_MINOR)")
 run_suite "$default_minor" tests "$@"
 
+# The longest modules first (transformWithState, 4.1 only; the contract suite): a worker takes a
+# module whole, and one started last keeps the other worker idle until it ends.
 OTHER_MINOR_TESTS=(
-  tests/test_packaging.py
+  tests/test_transform_with_state.py
+  tests/test_transform_with_state_scala.py
   tests/test_contract.py
+  tests/test_packaging.py
   "tests/test_e2e.py::test_same_rows_as_the_builtin_provider[aggregation_update-local-cluster[2,1,1024]-changelog]"
   "tests/test_faults.py::test_damaged_manifest_names_store_version_file_and_deletes_nothing[truncate]"
   "tests/test_first_error.py::test_a_python_without_pystatestore_is_named_once_per_jvm[local-cluster[2,1,1024]]"
@@ -58,8 +62,6 @@ OTHER_MINOR_TESTS=(
   "tests/test_coordinator.py::test_snapshots_are_reported_so_spark_never_forces_them[local-cluster[2,1,1024]-changelog]"
   "tests/test_cli.py::test_read_equals_sparks_state_reader"
   tests/test_spark_limits.py
-  tests/test_transform_with_state.py
-  tests/test_transform_with_state_scala.py
   "tests/test_checkpoint_v2.py::test_v2_queries_equal_sparks_rocksdb_provider_in_v2[aggregation_update]"
   tests/test_checkpoint_v2.py::test_a_retried_tasks_commit_is_the_one_spark_continues_from
   tests/test_checkpoint_v2.py::test_a_restart_loads_the_attempt_the_commit_log_names

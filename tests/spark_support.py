@@ -61,6 +61,10 @@ def start_session(master: str, app: str = "pystatestore-tests", **conf: str) -> 
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+        # StateStore.stop() (unload_state_stores) holds the providers' lock while it waits for the
+        # maintenance threads, which may be waiting for that lock: seen on 4.2, a 300-s stall (the
+        # default) each time, until the wait times out.
+        .config("spark.sql.streaming.stateStore.maintenanceShutdownTimeout", "5")
     )
     if master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "768m")

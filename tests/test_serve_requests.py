@@ -1,23 +1,13 @@
 """`pystatestore serve`'s requests, without Spark: scans paged with a cursor under a capped limit,
 lookups under a cap on their keys and their body's bytes, keys in query strings under a length cap,
-malformed requests, the token and binding rules, and the command run without its `serve` extra.
-
-The checkpoint is laid out as Spark writes one (metadata, offsets/ with the query's confs, commits/)
-with state stores committed through the product's rocksdb backend, each key in the partition
-Spark's hash partitioning sends it to. The referee is the input: each batch's puts and deletes,
-applied to a dict here."""
+and malformed requests, on a checkpoint laid out by hand (tests/serve_checkpoint.py; the referee
+is the input). The command itself: tests/test_serve_command.py."""
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import random
 import shutil
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,95 +15,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from backend_support import changes, commit, make_backend, materialize_if_due
 from pystatestore.queryable import BatchGoneError, QuestionError, StateClient
-from pystatestore.queryable.server import ServeConfigError, check_binding
-from pystatestore.reading.spark_hash import partition_of
-from pystatestore.reading.unsafe_row import encode_row, parse_schema
 from pystatestore.tools.cli import main
-from serve_support import Served, free_port, key_param, raw_exchange, request
+from serve_checkpoint import BATCHES, State, as_rows, write_checkpoint
+from serve_support import Served, key_param, raw_exchange
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTITIONS = 3
-BATCHES = 3
-KEY_SCHEMA = json.dumps(
-    {
-        "type": "struct",
-        "fields": [
-            {"name": "user", "type": "string", "nullable": True, "metadata": {}},
-            {"name": "n", "type": "integer", "nullable": True, "metadata": {}},
-        ],
-    }
-)
-VALUE_SCHEMA = json.dumps(
-    {
-        "type": "struct",
-        "fields": [
-            {"name": "count", "type": "long", "nullable": False, "metadata": {}},
-            {"name": "sum", "type": "long", "nullable": True, "metadata": {}},
-        ],
-    }
-)
-CONF = {"spark.sql.shuffle.partitions": str(PARTITIONS)}
-State = dict[tuple[str, int], tuple[int, int]]
-
-
-def write_checkpoint(root: Path) -> tuple[Path, dict[int, State]]:
-    """BATCHES batches of puts and deletes over (user, n) keys; returns the checkpoint and the state
-    after each batch as the input implies it."""
-    ckpt = root / "ckpt"
-    for log in ("offsets", "commits"):
-        (ckpt / log).mkdir(parents=True)
-    (ckpt / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
-    key_type, value_type = parse_schema(KEY_SCHEMA), parse_schema(VALUE_SCHEMA)
-    backends = [
-        make_backend(
-            "rocksdb",
-            ckpt / "state" / "0" / str(p),
-            root / "work" / str(p),
-            min_deltas=2,
-            partition_id=p,
-            schemas=(KEY_SCHEMA, VALUE_SCHEMA),
-        )
-        for p in range(PARTITIONS)
-    ]
-    rnd = random.Random(3)
-    state: State = {}
-    states = {}
-    for batch in range(BATCHES):
-        puts = {
-            (f"u{rnd.randrange(8)}", rnd.randrange(10)): (rnd.randrange(1, 50), rnd.randrange(1000)) for _ in range(30)
-        }
-        deletes = [k for k in rnd.sample(sorted(state), min(8, len(state))) if k not in puts]
-        state = states[batch] = {k: v for k, v in (state | puts).items() if k not in deletes}
-        offsets = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000 + batch, "conf": CONF}
-        (ckpt / "offsets" / str(batch)).write_text(f'v1\n{json.dumps(offsets)}\n{{"logOffset":{batch}}}\n')
-        for p, backend in enumerate(backends):
-
-            def mine(key: tuple[str, int], p: int = p) -> bool:
-                return partition_of(key_type, key, PARTITIONS) == p
-
-            table = changes(
-                {encode_row(key_type, k): encode_row(value_type, v) for k, v in puts.items() if mine(k)},
-                [encode_row(key_type, k) for k in deletes if mine(k)],
-            )
-            commit(backend, batch, table, f"batch{batch}", num_keys=sum(1 for k in state if mine(k)))
-            materialize_if_due(backend)
-        (ckpt / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
-    for backend in backends:
-        backend.close()
-    assert states[1] != states[2] and len(states[2]) > 40
-    return ckpt, states
-
-
-def as_rows(state: State, key: dict[str, Any] | None = None) -> dict[tuple[str, int], dict[str, int]]:
-    """The rows a scan for `key` (some key columns) must return, from the input."""
-    key = key or {}
-    return {
-        k: {"count": c, "sum": s}
-        for k, (c, s) in state.items()
-        if all({"user": k[0], "n": k[1]}[name] == want for name, want in key.items())
-    }
 
 
 @pytest.fixture(scope="module")
@@ -403,122 +310,3 @@ def test_a_key_in_a_query_string_holds_at_most_4096_characters(served: tuple[Sta
         status, body = server.request("GET", f"/v1/{endpoint}?key={key_param({'user': 'x' * (room + 1), 'n': 1})}")
         assert status == 414 and "key= is 4,097 characters" in body["error"] and "(4,096)" in body["error"], body
         assert advice in body["error"], body
-
-
-def test_an_empty_token_file_and_an_unprotected_ipv6_any_address_are_refused(
-    built: tuple[Path, dict[int, State]], tmp_path: Path
-) -> None:
-    missing = str(tmp_path / "no-such-checkpoint")  # refused before anything is opened
-    for text in ("", " \n"):
-        (tmp_path / "token").write_text(text)
-        result = CliRunner().invoke(main, ["serve", missing, "--token-file", str(tmp_path / "token")])
-        assert result.exit_code == 2 and "is empty" in result.output, result.output
-    for host in ("::", "0:0:0:0:0:0:0:0", "0.0.0.0"):
-        with pytest.raises(ServeConfigError, match="token"):
-            check_binding(host, None)
-        result = CliRunner().invoke(main, ["serve", missing, "--host", host], env={"PYSTATESTORE_SERVE_TOKEN": ""})
-        assert result.exit_code == 1 and f"serving on {host} would let anyone" in result.output, result.output
-    for host in ("::1", "127.0.0.1", "localhost"):
-        check_binding(host, None)
-    check_binding("::", "s3cret")
-
-
-BLOCKER = '''
-import os
-import sys
-
-BLOCKED = set(os.environ["TEST_NOT_INSTALLED"].split(","))
-
-
-class NotInstalled:
-    """Finds the blocked modules nowhere, as if the extra were not installed."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, NotInstalled())
-'''
-
-
-def run_pystatestore(args: list[str], tmp_path: Path, not_installed: str = "", **popen: Any) -> Any:
-    """The `pystatestore` command (the installed entry point when the suite tests the wheel, else
-    what that entry point runs, from this checkout) in a process of its own; `not_installed`: the
-    modules it must find nowhere."""
-    path = [str(tmp_path / "site")]
-    (tmp_path / "site").mkdir(exist_ok=True)
-    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
-    script = Path(sys.executable).parent / "pystatestore"
-    if os.environ.get("PYSTATESTORE_TEST_INSTALLED") == "1" and script.exists():
-        command = [str(script)]
-    else:
-        command = [sys.executable, "-c", "import sys; from pystatestore.tools.cli import main; sys.exit(main())"]
-        path.append(str(ROOT / "python"))
-    env = {k: v for k, v in os.environ.items() if k != "PYSTATESTORE_SERVE_TOKEN"}
-    env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["TEST_NOT_INSTALLED"] = not_installed
-    if popen:
-        return subprocess.Popen([*command, *args], env=env, **popen)
-    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize(
-    ("not_installed", "named"),
-    [
-        ("starlette,uvicorn,prometheus_client", "starlette, uvicorn, prometheus_client, which are"),
-        ("prometheus_client", "prometheus_client, which is"),
-        ("", None),  # the control: with the extra, the same command gets as far as the checkpoint
-    ],
-)
-def test_serve_without_its_extra_says_what_to_install_before_opening_anything(
-    tmp_path: Path, not_installed: str, named: str | None
-) -> None:
-    missing = tmp_path / "no-such-checkpoint"
-    done = run_pystatestore(["serve", str(missing)], tmp_path, not_installed)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    if named is None:
-        assert "there is no checkpoint directory here" in done.stderr, done.stderr
-        return
-    assert done.stderr.strip().splitlines() == [
-        f"Error: the service needs {named} not installed: pip install 'pystatestore[serve]'"
-    ], done.stderr
-    assert not missing.exists()
-
-
-def test_the_serve_command_pages_scans_and_caps_lookups_with_the_limits_it_was_given(
-    built: tuple[Path, dict[int, State]], tmp_path: Path
-) -> None:
-    port = free_port()
-    args = ["serve", str(built[0]), "--port", str(port), "--restore-in", "thread", "--scratch", str(tmp_path)]
-    args += ["--scan-limit-default", "3", "--scan-limit-max", "7", "--lookup-keys-max", "4", "--poll-seconds", "5"]
-    with open(tmp_path / "log", "wb") as log:
-        process = run_pystatestore(args, tmp_path, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            assert process.poll() is None, (tmp_path / "log").read_text()
-            try:
-                if request(port, "GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "the service did not start"
-            time.sleep(0.1)
-        status, page = request(port, "GET", "/v1/scan")
-        assert status == 200 and len(page["rows"]) == 3 and page["cursor"], page
-        status, body = request(port, "GET", "/v1/scan?limit=8")
-        assert status == 400 and "(7)" in body["error"], body
-        assert request(port, "GET", "/v1/scan?limit=7")[0] == 200
-        keys = [{"user": "u1", "n": n} for n in range(5)]
-        assert request(port, "POST", "/v1/lookup", {"keys": keys[:4]})[0] == 200
-        status, body = request(port, "POST", "/v1/lookup", {"keys": keys})
-        assert status == 400 and "(4)" in body["error"], body
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)

@@ -123,6 +123,15 @@ object ContractHarness {
     c
   }
 
+  /** Two batches retained, a snapshot every 2 versions, orphans kept 10 s: maintenance has work soon. */
+  def retainTwoConf(): SQLConf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+    ConfPrefix + "orphanGraceSeconds" -> "10")
+
+  /** The manifest names of partition 0's store of operator 0 under the checkpoint `dir`, sorted. */
+  def manifestsIn(dir: String): Seq[String] =
+    new java.io.File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+
   def provider(
       root: String,
       partition: Int = 0,

@@ -26,11 +26,9 @@ object ContractVersionScenarios {
   def register(): Unit = {
     scenario("maintenance_applies_min_batches_to_retain", EveryBackend) {
       val dir = newDir()
-      val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
-        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
-        "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
+      val conf = retainTwoConf()
       val p = provider(dir, conf = conf)
-      def manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+      def manifests = manifestsIn(dir)
       if (changelogCommits) {
         // Maintenance (as Spark's thread runs it between batches) makes a snapshot every 2 versions.
         // While the newest snapshot of a retained version's chain is younger than the grace period,
@@ -138,9 +136,7 @@ object ContractVersionScenarios {
 
     scenario("maintenance_concurrent_with_commits_loses_nothing", EveryBackend) {
       val dir = newDir()
-      val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
-        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
-        "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
+      val conf = retainTwoConf()
       val writer = provider(dir, conf = conf)
       val gc = provider(dir, conf = conf) // another instance that also wrote, so its maintenance deletes
       commitVersion(gc, 0, Map("seed" -> 0))

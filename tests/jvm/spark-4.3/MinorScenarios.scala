@@ -16,11 +16,9 @@ object MinorScenarios {
 
     scenario("split_maintenance_snapshots_and_cleans_up_separately", EveryBackend) {
       val dir = newDir()
-      val conf = sqlConf("spark.sql.streaming.minBatchesToRetain" -> "2",
-        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
-        "spark.sql.streaming.stateStore.pystatestore.orphanGraceSeconds" -> "10")
+      val conf = retainTwoConf()
       val p = provider(dir, conf = conf)
-      def manifests = new File(new java.net.URI(dir).getPath, "0/0/manifests").list().sorted.toSeq
+      def manifests = manifestsIn(dir)
       // As Spark 4.3's snapshot thread runs between batches: a snapshot every 2 versions, no GC.
       // (A commit that makes a snapshot due also asks for it at once, in the background: the
       // snapshot maintenance call skips a snapshot already being made, so the last may come later.)
