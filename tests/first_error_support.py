@@ -137,10 +137,20 @@ def memory_cgroup() -> Path | None:
 
 
 def limit_memory_above_use(group: Path, headroom_bytes: int) -> int:
-    """Limits a memory group to what its processes use now (as the kernel charges it: pages first
-    touched elsewhere, a shared library's, are not theirs) plus `headroom_bytes`; the limit set."""
-    limit = int((group / "memory.usage_in_bytes").read_text()) + headroom_bytes
-    (group / "memory.limit_in_bytes").write_text(str(limit))
+    """Limits a memory group to what its processes hold now plus `headroom_bytes`; the limit set.
+    What they hold is their anonymous and mapped pages as the kernel charges them (a shared
+    library's pages count only where no other process loaded them first), not the page cache of
+    files they wrote, which the kernel would reclaim rather than kill: it reclaims it as the limit
+    is set. Where it cannot reclaim enough at once, the limit is their whole use plus the headroom."""
+    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    anonymous = int(stat.get("total_rss", stat.get("rss", 0)))
+    held = anonymous + int(stat.get("total_mapped_file", stat.get("mapped_file", 0)))
+    limit = held + headroom_bytes
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError:  # EBUSY: the cache could not be reclaimed below the limit in time
+        limit = int((group / "memory.usage_in_bytes").read_text()) + headroom_bytes
+        (group / "memory.limit_in_bytes").write_text(str(limit))
     return limit
 
 

@@ -201,8 +201,9 @@ def test_another_release_is_refused_naming_both(tmp_path: Path, drivers: Drivers
 def test_a_worker_killed_for_memory_is_named_with_its_memory(tmp_path: Path, drivers: Drivers) -> None:
     """The kernel's out-of-memory killer, for real: the one worker of the one store runs in a memory
     cgroup (as in an executor container) whose limit, once the worker has started and committed a
-    first batch, is set 4 MiB above what it uses; the restart's batch of 40k keys, each keeping 1 KiB,
-    does not fit: the worker holds one batch of the JVM's change frame (32,768 rows) at a time, 65 MiB
+    first batch, is set 4 MiB above the pages it holds (not the page cache of files it wrote, which
+    the kernel reclaims rather than kill); the restart's batch of 40k keys, each keeping 1 KiB, does
+    not fit: the worker holds one batch of the JVM's change frame (32,768 rows) at a time, 65 MiB
     above its use here. (A fixed limit would depend on what the kernel charges the group: a shared
     library's pages count only where no other process loaded them first. Keys of a count alone, 16
     bytes, once fit the headroom on CI: a frame batch of them is about 1 MiB.)"""
