@@ -44,10 +44,11 @@ def run_case(spark: Any, case: dict[str, Any]) -> dict[str, Any] | None:
     spark.conf.set("spark.sql.shuffle.partitions", str(case.get("partitions", 4)))
     try:
         source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", case.get("rows", 1000)).load()
-        counts = source.groupBy("value").count()
         if case.get("value_bytes"):  # wide state values: a commit's change frame batch is that much larger
             pad = F.expr(f"repeat('x', {int(case['value_bytes'])})")
             counts = source.withColumn("pad", pad).groupBy("value").agg(F.count("*"), F.max("pad"))
+        else:
+            counts = source.groupBy("value").count()
         query = (
             counts.writeStream.outputMode("update")
             .format("noop")

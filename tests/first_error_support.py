@@ -85,7 +85,7 @@ class Driver:
         assert self.process.poll() is None, f"the query's driver has exited:\n{self._log_tail()}"
         self.had_worker = self.had_worker or starts_worker
         case = {"checkpoint": str(checkpoint), "confs": confs, "partitions": partitions, "rows": rows}
-        case["value_bytes"] = value_bytes
+        case |= {"value_bytes": value_bytes}
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({**case, "batches": batches, "timeout": CASE_TIMEOUT_S - 60}) + "\n")
         self.process.stdin.flush()
@@ -136,15 +136,20 @@ def memory_cgroup() -> Path | None:
     return group
 
 
+def memory_stat(group: Path) -> dict[str, int]:
+    """A memory group's memory.stat, by name."""
+    lines = (group / "memory.stat").read_text().splitlines()
+    return {name: int(value) for name, value in (line.split() for line in lines)}
+
+
 def limit_memory_above_use(group: Path, headroom_bytes: int) -> int:
     """Limits a memory group to what its processes hold now plus `headroom_bytes`; the limit set.
     What they hold is their anonymous and mapped pages as the kernel charges them (a shared
     library's pages count only where no other process loaded them first), not the page cache of
     files they wrote, which the kernel would reclaim rather than kill: it reclaims it as the limit
     is set. Where it cannot reclaim enough at once, the limit is their whole use plus the headroom."""
-    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    anonymous = int(stat.get("total_rss", stat.get("rss", 0)))
-    held = anonymous + int(stat.get("total_mapped_file", stat.get("mapped_file", 0)))
+    stat = memory_stat(group)
+    held = stat.get("total_rss", stat.get("rss", 0)) + stat.get("total_mapped_file", stat.get("mapped_file", 0))
     limit = held + headroom_bytes
     try:
         (group / "memory.limit_in_bytes").write_text(str(limit))
@@ -157,13 +162,13 @@ def limit_memory_above_use(group: Path, headroom_bytes: int) -> int:
 def memory_cgroup_report(group: Path, limit: int) -> str:
     """What a memory group's processes used against its limit, for a test whose kill did not come."""
     try:
-        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        stat = memory_stat(group)
         peak = int((group / "memory.max_usage_in_bytes").read_text())
         hits = int((group / "memory.failcnt").read_text())
         procs = (group / "cgroup.procs").read_text().split()
     except OSError as e:
         return f"its memory group {group} could not be read ({e})"
-    mib = {k: int(stat.get(k, 0)) >> 20 for k in ("rss", "cache", "mapped_file")}
+    mib = {k: stat.get(k, 0) >> 20 for k in ("rss", "cache", "mapped_file")}
     return (
         f"limit {limit >> 20} MiB, peak {peak >> 20} MiB, limit reached {hits} times; now rss {mib['rss']} MiB, "
         f"page cache {mib['cache']} MiB (mapped {mib['mapped_file']} MiB); processes in it now: {procs}"
